@@ -1,0 +1,335 @@
+"""Bring a lab of systemd-nspawn "GPU VMs" up and down, idempotently, recovering from killed labs."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpufleet_lab import network
+from gpufleet_lab.base import DEFAULT_MIRROR, ensure_base
+from gpufleet_lab.equipment import install_equipment
+from gpufleet_lab.sysutil import (
+    LabError,
+    kill_recorded,
+    mounted_under,
+    pid_is,
+    pids_in_netns,
+    proc_starttime,
+    run,
+    write_atomic,
+)
+
+STATE_ROOT = Path(os.environ.get("GPUFLEET_LAB_STATE", "/var/lib/gpufleet-lab"))
+CACHE_DIR = Path(os.environ.get("GPUFLEET_LAB_CACHE", "/var/cache/gpufleet-lab"))
+DEFAULT_NAME = "gpufleet"
+DEFAULT_SUBNET = "10.123.0.0/24"
+DEFAULT_PROFILE = "rtx-pro-6000x8-vm"
+READY_TIMEOUT = 90.0
+
+
+@dataclass
+class LabSpec:
+    name: str = DEFAULT_NAME
+    hosts: int = 2
+    subnet: str | None = None
+    profiles: list[str] = field(default_factory=lambda: [DEFAULT_PROFILE])
+    mirror: str = DEFAULT_MIRROR
+
+    def profile_for(self, index: int) -> str:
+        """Profile of host number index (1-based); the last listed profile repeats."""
+        return self.profiles[min(index, len(self.profiles)) - 1]
+
+
+def short_id(name: str) -> str:
+    return hashlib.sha1(name.encode()).hexdigest()[:6]
+
+
+def validate_name(name: str) -> None:
+    if not name or len(name) > 40 or not all(c.isalnum() or c == "-" for c in name) or name[0] == "-":
+        raise LabError(f"lab name {name!r} is invalid: use letters, digits and '-', at most 40 characters")
+
+
+class Lab:
+    """One lab: its state file, hosts, bridge, subnet and NAT rules."""
+
+    def __init__(self, name: str = DEFAULT_NAME, log=print):
+        validate_name(name)
+        self.name = name
+        self.log = log
+        self.dir = STATE_ROOT / name
+        self.state_file = self.dir / "state.json"
+        self.bridge = f"gfl-{short_id(name)}"
+        self.nat_comment = f"gpufleet-lab:{name}"
+        self.key_file = self.dir / "id_ed25519"
+
+    # ----- state ---------------------------------------------------------------------------------
+    def load(self) -> dict:
+        if self.state_file.exists():
+            return json.loads(self.state_file.read_text())
+        return {"name": self.name, "hosts": {}}
+
+    def save(self, state: dict) -> None:
+        write_atomic(self.state_file, json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+    def host_names(self, count: int) -> list[str]:
+        return [f"{self.name}-{i:02d}" for i in range(1, count + 1)]
+
+    # ----- up ------------------------------------------------------------------------------------
+    def up(self, spec: LabSpec) -> dict:
+        """Make the lab match spec; returns a summary with what changed."""
+        state = self.load()
+        subnet = ipaddress.ip_network(spec.subnet or state.get("subnet") or self._pick_subnet())
+        if state.get("subnet") and str(subnet) != state["subnet"]:
+            raise LabError(
+                f"lab {self.name!r} already runs on {state['subnet']}; run 'down' first to move it to {subnet}"
+            )
+        if subnet.prefixlen > 28 or subnet.num_addresses - 3 < spec.hosts:
+            raise LabError(f"subnet {subnet} has too few addresses for {spec.hosts} hosts")
+        network.check_subnet_free(subnet, self.bridge)
+        state.update(name=self.name, subnet=str(subnet), bridge=self.bridge, mirror=spec.mirror)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.save(state)
+        base = ensure_base(CACHE_DIR, spec.mirror, log=self.log)
+        self._ensure_key()
+        gateway = str(next(subnet.hosts()))
+        bridge_changed = network.ensure_bridge(self.bridge, f"{gateway}/{subnet.prefixlen}")
+        nat_changed = network.ensure_nat(str(subnet), self.bridge, self.nat_comment)
+
+        wanted = self.host_names(spec.hosts)
+        addresses = list(subnet.hosts())[1 : spec.hosts + 1]
+        hosts_file = self._hosts_file(wanted, addresses)
+        started, unchanged, removed = [], [], []
+        # Hosts beyond the requested count go away first (declarative size).
+        for name in sorted(set(state["hosts"]) - set(wanted)):
+            self._destroy_host(state["hosts"].pop(name))
+            removed.append(name)
+            self.save(state)
+        for index, (name, addr) in enumerate(zip(wanted, addresses, strict=True), start=1):
+            profile = spec.profile_for(index)
+            record = state["hosts"].get(name)
+            healthy = record is not None and self._host_alive(record)
+            if healthy and record.get("profile") == profile and record.get("address") == str(addr):
+                unchanged.append(name)
+                self._write_hosts_file(Path(record["root"]), hosts_file)
+                continue
+            if record is not None:
+                self.log(f"{name}: {'replacing' if healthy else 'recovering stale host'}")
+                self._destroy_host(record)
+            record = self._create_host(name, index, str(addr), subnet, gateway, base, profile, hosts_file)
+            state["hosts"][name] = record
+            self.save(state)
+            started.append(name)
+        for name in started:
+            self._wait_ready(state["hosts"][name])
+        changed = bool(started or removed or bridge_changed or nat_changed)
+        return {
+            "lab": self.name,
+            "changed": changed,
+            "started": started,
+            "unchanged": unchanged,
+            "removed": removed,
+            "hosts": self.instances(state),
+        }
+
+    def _pick_subnet(self) -> str:
+        if self.name == DEFAULT_NAME:
+            return DEFAULT_SUBNET
+        # Other labs: a stable /24 in 10.200-10.254 derived from the name, moved on if taken.
+        seed = int(short_id(self.name), 16)
+        for attempt in range(64):
+            candidate = ipaddress.ip_network(f"10.{200 + (seed + attempt) % 55}.{(seed // 55 + attempt) % 256}.0/24")
+            if network.subnet_is_free(candidate, self.bridge):
+                return str(candidate)
+        raise LabError("no free /24 found for the lab in 10.200.0.0-10.254.255.0: pass --subnet")
+
+    def _ensure_key(self) -> None:
+        if not self.key_file.exists():
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"gpufleet-lab-{self.name}",
+                 "-f", str(self.key_file)])
+
+    def _hosts_file(self, names: list[str], addresses: list) -> str:
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback", ""]
+        lines += [f"{addr}\t{name}" for name, addr in zip(names, addresses, strict=True)]
+        return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def _write_hosts_file(root: Path, text: str) -> None:
+        target = root / "etc/hosts"
+        if not target.exists() or target.read_text() != text:
+            write_atomic(target, text)
+
+    def _create_host(self, name, index, address, subnet, gateway, base, profile, hosts_file) -> dict:
+        hdir = self.dir / "hosts" / name
+        upper, work, root = hdir / "upper", hdir / "work", hdir / "root"
+        for d in (upper, work, root):
+            d.mkdir(parents=True, exist_ok=True)
+        run(["mount", "-t", "overlay", "overlay", "-o",
+             f"lowerdir={base},upperdir={upper},workdir={work}", str(root)])
+        record = {
+            "name": name,
+            "index": index,
+            "address": address,
+            "profile": profile,
+            "root": str(root),
+            "dir": str(hdir),
+            "netns": name,
+            "veth": f"gfv-{short_id(self.name)}-{index:02d}"[:15],
+        }
+        (root / "etc/hostname").write_text(name + "\n")
+        self._write_hosts_file(root, hosts_file)
+        ssh_dir = root / "root/.ssh"
+        ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.copyfile(f"{self.key_file}.pub", ssh_dir / "authorized_keys")
+        os.chmod(ssh_dir / "authorized_keys", 0o600)
+        run(["ssh-keygen", "-A", "-f", str(root)])
+        install_equipment(root, profile)
+        network.create_host_link(name, record["veth"], self.bridge, f"{address}/{subnet.prefixlen}", gateway)
+        log = open(hdir / "nspawn.log", "ab")  # noqa: SIM115 - handed to the long-lived child
+        proc = subprocess.Popen(
+            ["systemd-nspawn", "-q", "-b", "-D", str(root), "-M", name, "--register=no", "--keep-unit",
+             "--console=passive", f"--network-namespace-path=/run/netns/{name}", "--resolv-conf=copy-host",
+             f"--uuid={uuid.uuid4()}", f"--hostname={name}"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log.close()
+        record["nspawn_pid"] = proc.pid
+        record["nspawn_starttime"] = proc_starttime(proc.pid)
+        leader = self._find_leader(proc)
+        record["leader_pid"] = leader
+        record["leader_starttime"] = proc_starttime(leader)
+        return record
+
+    @staticmethod
+    def _find_leader(proc: subprocess.Popen) -> int:
+        deadline = time.monotonic() + 20
+        children_file = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise LabError(f"systemd-nspawn exited with {proc.returncode} before booting the host")
+            try:
+                children = children_file.read_text().split()
+            except FileNotFoundError:
+                children = []
+            if children:
+                return int(children[0])
+            time.sleep(0.02)
+        raise LabError("systemd-nspawn started no container within 20 s")
+
+    def _host_alive(self, record: dict) -> bool:
+        if not (pid_is(record.get("nspawn_pid"), record.get("nspawn_starttime"))
+                and pid_is(record.get("leader_pid"), record.get("leader_starttime"))):
+            return False
+        return self._system_state(record) in ("running", "degraded")
+
+    @staticmethod
+    def _system_state(record: dict) -> str:
+        proc = subprocess.run(
+            ["nsenter", "-t", str(record["leader_pid"]), "-a", "systemctl", "is-system-running"],
+            capture_output=True, text=True, check=False, timeout=20,
+        )
+        return proc.stdout.strip() or proc.stderr.strip()
+
+    def _wait_ready(self, record: dict) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        state = "unknown"
+        while time.monotonic() < deadline:
+            if not pid_is(record["nspawn_pid"], record["nspawn_starttime"]):
+                tail = Path(record["dir"], "nspawn.log").read_text(errors="replace")[-2000:]
+                raise LabError(f"{record['name']}: systemd-nspawn exited during boot:\n{tail}")
+            state = self._system_state(record)
+            if state in ("running", "degraded") and _port_open(record["address"], 22):
+                return
+            time.sleep(0.1)
+        raise LabError(f"{record['name']}: not ready after {READY_TIMEOUT:.0f} s (is-system-running: {state})")
+
+    # ----- down ----------------------------------------------------------------------------------
+    def _destroy_host(self, record: dict) -> None:
+        kill_recorded(record.get("nspawn_pid"), record.get("nspawn_starttime"))
+        kill_recorded(record.get("leader_pid"), record.get("leader_starttime"), timeout=3)
+        # A container whose nspawn was SIGKILLed leaves its payload running in the host's netns:
+        # end every process in that namespace (found by namespace identity, not by name).
+        netns_path = f"/run/netns/{record['netns']}"
+        for _ in range(50):
+            pids = [p for p in pids_in_netns(netns_path) if p != os.getpid()]
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+        for point in mounted_under(Path(record["dir"])):
+            if run(["umount", point], check=False).returncode != 0:
+                run(["umount", "-l", point])
+        network.delete_host_link(record["netns"], record["veth"])
+        shutil.rmtree(record["dir"], ignore_errors=True)
+
+    def down(self) -> dict:
+        state = self.load()
+        removed = []
+        for name, record in sorted(state.get("hosts", {}).items()):
+            self._destroy_host(record)
+            removed.append(name)
+        # Anything left by an older or broken run, found by this lab's naming and mount locations.
+        for point in mounted_under(self.dir):
+            run(["umount", "-l", point], check=False)
+        for netns in network.list_netns():
+            if netns.startswith(f"{self.name}-") and netns[len(self.name) + 1 :].isdigit():
+                self._destroy_host({"netns": netns, "veth": "", "dir": str(self.dir / "hosts" / netns)})
+        network.delete_nat(self.nat_comment)
+        network.delete_link(self.bridge)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        if not any(STATE_ROOT.glob("*/state.json")):
+            network.restore_ip_forward()
+        return {"lab": self.name, "removed": removed, "changed": bool(removed)}
+
+    # ----- views ---------------------------------------------------------------------------------
+    def instances(self, state: dict | None = None) -> list[dict]:
+        state = state or self.load()
+        return [
+            {
+                "name": r["name"],
+                "address": r["address"],
+                "profile": r["profile"],
+                "leader_pid": r.get("leader_pid"),
+                "ssh_key": str(self.key_file),
+            }
+            for r in sorted(state.get("hosts", {}).values(), key=lambda r: r["index"])
+        ]
+
+    def status(self) -> dict:
+        state = self.load()
+        hosts = []
+        for record in sorted(state.get("hosts", {}).values(), key=lambda r: r["index"]):
+            alive = pid_is(record.get("nspawn_pid"), record.get("nspawn_starttime"))
+            hosts.append({
+                "name": record["name"],
+                "address": record["address"],
+                "profile": record["profile"],
+                "state": self._system_state(record) if alive else "stopped",
+            })
+        return {"lab": self.name, "subnet": state.get("subnet"), "bridge": state.get("bridge"), "hosts": hosts}
+
+    def record(self, host: str) -> dict:
+        state = self.load()
+        if host not in state.get("hosts", {}):
+            raise LabError(f"no host {host!r} in lab {self.name!r} (hosts: {', '.join(state.get('hosts', {}))})")
+        return state["hosts"][host]
+
+
+def _port_open(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
