@@ -70,6 +70,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
         help="GPU profile, or a comma-separated list, one per host (the last repeats); "
         f"default {DEFAULT_PROFILE}",
     )
+    up.add_argument("--host-names", default=None, help="comma-separated host names (default <lab>-01, <lab>-02, ...)")
     up.add_argument("--mirror", default=os.environ.get("LAB_MIRROR", DEFAULT_MIRROR))
     up.add_argument("--inventory", type=Path, default=None, help="where to write the Ansible inventory")
     up.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -108,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.hosts < 1:
                 raise LabError("--hosts must be at least 1")
             started = time.monotonic()
-            result = lab.up(LabSpec(args.name, args.hosts, args.subnet, profiles, args.mirror))
+            result = lab.up(LabSpec(
+                    args.name, args.hosts, args.subnet, profiles, args.mirror,
+                    args.host_names.split(",") if args.host_names else None,
+                ))
             inventory = _inventory_path(args)
             if inventory is not None:
                 result["inventory"] = str(inventory)

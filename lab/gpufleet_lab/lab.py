@@ -43,6 +43,7 @@ class LabSpec:
     subnet: str | None = None
     profiles: list[str] = field(default_factory=lambda: [DEFAULT_PROFILE])
     mirror: str = DEFAULT_MIRROR
+    host_names: list[str] | None = None
 
     def profile_for(self, index: int) -> str:
         """Profile of host number index (1-based); the last listed profile repeats."""
@@ -80,7 +81,14 @@ class Lab:
     def save(self, state: dict) -> None:
         write_atomic(self.state_file, json.dumps(state, indent=2, sort_keys=True) + "\n")
 
-    def host_names(self, count: int) -> list[str]:
+    def host_names(self, count: int, names: list[str] | None = None) -> list[str]:
+        """Host names: given ones (e.g. Molecule platform names) or <lab>-01, <lab>-02, ..."""
+        if names:
+            if len(names) != count or len(set(names)) != count:
+                raise LabError(f"--host-names needs {count} distinct names, got {names}")
+            for name in names:
+                validate_name(name)
+            return names
         return [f"{self.name}-{i:02d}" for i in range(1, count + 1)]
 
     # ----- up ------------------------------------------------------------------------------------
@@ -104,7 +112,7 @@ class Lab:
         bridge_changed = network.ensure_bridge(self.bridge, f"{gateway}/{subnet.prefixlen}")
         nat_changed = network.ensure_nat(str(subnet), self.bridge, self.nat_comment)
 
-        wanted = self.host_names(spec.hosts)
+        wanted = self.host_names(spec.hosts, spec.host_names)
         addresses = list(subnet.hosts())[1 : spec.hosts + 1]
         hosts_file = self._hosts_file(wanted, addresses)
         started, unchanged, removed = [], [], []
@@ -181,7 +189,8 @@ class Lab:
             "profile": profile,
             "root": str(root),
             "dir": str(hdir),
-            "netns": name,
+            # Namespaces are named after the lab, not the host, so labs with equal host names coexist.
+            "netns": f"{self.name}-{index:02d}",
             "veth": f"gfv-{short_id(self.name)}-{index:02d}"[:15],
         }
         (root / "etc/hostname").write_text(name + "\n")
@@ -192,11 +201,11 @@ class Lab:
         os.chmod(ssh_dir / "authorized_keys", 0o600)
         run(["ssh-keygen", "-A", "-f", str(root)])
         install_equipment(root, profile)
-        network.create_host_link(name, record["veth"], self.bridge, f"{address}/{subnet.prefixlen}", gateway)
+        network.create_host_link(record["netns"], record["veth"], self.bridge, f"{address}/{subnet.prefixlen}", gateway)
         log = open(hdir / "nspawn.log", "ab")  # noqa: SIM115 - handed to the long-lived child
         proc = subprocess.Popen(
             ["systemd-nspawn", "-q", "-b", "-D", str(root), "-M", name, "--register=no", "--keep-unit",
-             "--console=passive", f"--network-namespace-path=/run/netns/{name}", "--resolv-conf=copy-host",
+             "--console=passive", f"--network-namespace-path=/run/netns/{record['netns']}", "--resolv-conf=copy-host",
              f"--uuid={uuid.uuid4()}", f"--hostname={name}"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )

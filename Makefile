@@ -1,0 +1,70 @@
+# gpufleet: the two commands that matter are `make deploy` and `make test` (see README.md).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+export GPUFLEET_ROOT := $(CURDIR)
+export PYTHONPATH := $(CURDIR)/lab
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
+# Tests and the lab never reach for the Hugging Face hub.
+export HF_HUB_OFFLINE := 1
+
+HOSTS ?= 2
+PROFILE ?= rtx-pro-6000x8-vm
+LAB ?= gpufleet
+SUBNET ?=
+SCENARIO ?=
+LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
+
+.PHONY: help setup apt venv collections deploy lab-up lab-down lab-status test lint unit lab-tests molecule bench-lab
+
+help:
+	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
+	@echo "make test          lint + unit tests + lab tests + every Molecule scenario"
+	@echo "make lab-up HOSTS=N [PROFILE=p1,p2] [LAB=name SUBNET=10.x.y.0/24] / make lab-down [LAB=name]"
+	@echo "make molecule [SCENARIO=roles/<role>:default or molecule:<scenario>]"
+	@echo "make bench-lab     time lab bring-up (2 and 8 hosts) and make test; saves JSON in benchmarks/results"
+
+setup: apt venv collections
+
+apt:
+	@if ! command -v systemd-nspawn >/dev/null || ! command -v mmdebstrap >/dev/null || ! command -v iptables >/dev/null \
+	    || ! command -v zstd >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    systemd-container mmdebstrap iptables iproute2 zstd openssh-client curl >/dev/null; fi
+
+venv:
+	@command -v uv >/dev/null || python3 -m pip install --quiet uv
+	uv sync --frozen --quiet
+
+collections: venv
+	.venv/bin/python tools/install_collections.py
+
+deploy: setup lab-up
+	ansible-playbook deploy.yml
+
+lab-up: setup
+	python -m gpufleet_lab $(LAB_UP_ARGS)
+
+lab-down:
+	python -m gpufleet_lab --name $(LAB) down
+
+lab-status:
+	python -m gpufleet_lab --name $(LAB) status
+
+test: setup lint unit lab-tests molecule
+
+lint:
+	ruff check .
+	ruff format --check .
+	ansible-lint --profile production
+
+unit:
+	pytest tests/unit
+
+lab-tests:
+	pytest tests/lab
+
+molecule:
+	.venv/bin/python tools/run_molecule.py $(SCENARIO)
+
+bench-lab: setup
+	.venv/bin/python benchmarks/bench_lab.py
