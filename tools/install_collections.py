@@ -37,8 +37,17 @@ def download_distribution(cache: Path) -> Path:
     if not wheel.exists():
         cache.mkdir(parents=True, exist_ok=True)
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(cache),
-             f"ansible=={ANSIBLE_DISTRIBUTION}"],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--dest",
+                str(cache),
+                f"ansible=={ANSIBLE_DISTRIBUTION}",
+            ],
             check=True,
         )
     return wheel
@@ -61,14 +70,21 @@ def install_from_pypi(missing: list[dict], dest: Path, cache: Path, galaxy: str)
                     f"requirements.yml asks for {req['name']} {req['version']} but ansible "
                     f"{ANSIBLE_DISTRIBUTION} bundles {bundled}: align the versions or use --source galaxy"
                 )
-            subprocess.run([galaxy, "collection", "install", "--offline", "--force", "-p", str(dest), str(src)],
-                           check=True, stdout=subprocess.DEVNULL)
-            print(f"installed {req['name']} {bundled} from the PyPI ansible {ANSIBLE_DISTRIBUTION} distribution")
+            subprocess.run(
+                [galaxy, "collection", "install", "--offline", "--force", "-p", str(dest), str(src)],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            print(
+                f"installed {req['name']} {bundled} from the PyPI ansible {ANSIBLE_DISTRIBUTION} distribution"
+            )
 
 
 def main() -> int:
     root = Path(__file__).resolve().parents[1]
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--source", choices=["pypi", "galaxy"], default="pypi")
     parser.add_argument("--requirements", type=Path, default=root / "requirements.yml")
     parser.add_argument("--dest", type=Path, default=root / "collections")
@@ -81,8 +97,9 @@ def main() -> int:
         print(f"collections up to date in {args.dest}")
         return 0
     if args.source == "galaxy":
-        subprocess.run([galaxy, "collection", "install", "-r", str(args.requirements), "-p", str(args.dest)],
-                       check=True)
+        subprocess.run(
+            [galaxy, "collection", "install", "-r", str(args.requirements), "-p", str(args.dest)], check=True
+        )
     else:
         install_from_pypi(missing, args.dest, args.cache, galaxy)
     return 0

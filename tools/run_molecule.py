@@ -38,11 +38,20 @@ def main(argv: list[str]) -> int:
         scenarios = [s for s in scenarios if label(*s) in wanted]
         unknown = wanted - {label(*s) for s in scenarios}
         if unknown:
-            print(f"unknown scenarios: {', '.join(sorted(unknown))}; known: "
-                  f"{', '.join(label(*s) for s in discover())}", file=sys.stderr)
+            print(
+                f"unknown scenarios: {', '.join(sorted(unknown))}; known: "
+                f"{', '.join(label(*s) for s in discover())}",
+                file=sys.stderr,
+            )
             return 2
-    env = dict(os.environ, GPUFLEET_ROOT=str(ROOT), PYTHONPATH=str(ROOT / "lab"), HF_HUB_OFFLINE="1",
-               ANSIBLE_FORCE_COLOR="0", PY_COLORS="0")
+    env = dict(
+        os.environ,
+        GPUFLEET_ROOT=str(ROOT),
+        PYTHONPATH=str(ROOT / "lab"),
+        HF_HUB_OFFLINE="1",
+        ANSIBLE_FORCE_COLOR="0",
+        PY_COLORS="0",
+    )
     env["PATH"] = f"{ROOT / '.venv' / 'bin'}:{env.get('PATH', '')}"
     results = []
     for owner, scenario in scenarios:

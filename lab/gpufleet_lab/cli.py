@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from gpufleet_lab.base import DEFAULT_MIRROR, ensure_base
 from gpufleet_lab.equipment import available_profiles, check_profile
 from gpufleet_lab.lab import CACHE_DIR, DEFAULT_NAME, DEFAULT_PROFILE, Lab, LabSpec
@@ -22,9 +20,9 @@ DEFAULT_INVENTORY = PROJECT_DIR / "inventory" / "lab" / "hosts.yml"
 
 def write_inventory(path: Path, lab: Lab, instances: list[dict]) -> bool:
     """Write the Ansible inventory of a lab; True when the file changed."""
-    hosts = {
-        i["name"]: {"ansible_host": i["address"], "gpusim_profile": i["profile"]} for i in instances
-    }
+    import yaml  # only needed here: the rest of the tool runs on a bare system Python
+
+    hosts = {i["name"]: {"ansible_host": i["address"], "gpusim_profile": i["profile"]} for i in instances}
     doc = {
         "all": {
             "children": {
@@ -59,18 +57,24 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
         prog="gpufleet-lab",
         description="Local lab of systemd-nspawn hosts with simulated GPUs (gpufleet test and lab equipment).",
     )
-    parser.add_argument("--name", default=os.environ.get("LAB_NAME", DEFAULT_NAME), help="lab name (default %(default)s)")
+    parser.add_argument(
+        "--name", default=os.environ.get("LAB_NAME", DEFAULT_NAME), help="lab name (default %(default)s)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="bring the lab to HOSTS running hosts (idempotent)")
     up.add_argument("--hosts", type=int, default=2)
-    up.add_argument("--subnet", default=None, help="private /24 for the lab (default: 10.123.0.0/24 for the default lab)")
+    up.add_argument(
+        "--subnet", default=None, help="private /24 for the lab (default: 10.123.0.0/24 for the default lab)"
+    )
     up.add_argument(
         "--profile",
         default=DEFAULT_PROFILE,
         help="GPU profile, or a comma-separated list, one per host (the last repeats); "
         f"default {DEFAULT_PROFILE}",
     )
-    up.add_argument("--host-names", default=None, help="comma-separated host names (default <lab>-01, <lab>-02, ...)")
+    up.add_argument(
+        "--host-names", default=None, help="comma-separated host names (default <lab>-01, <lab>-02, ...)"
+    )
     up.add_argument("--mirror", default=os.environ.get("LAB_MIRROR", DEFAULT_MIRROR))
     up.add_argument("--inventory", type=Path, default=None, help="where to write the Ansible inventory")
     up.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -109,10 +113,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.hosts < 1:
                 raise LabError("--hosts must be at least 1")
             started = time.monotonic()
-            result = lab.up(LabSpec(
-                    args.name, args.hosts, args.subnet, profiles, args.mirror,
+            result = lab.up(
+                LabSpec(
+                    args.name,
+                    args.hosts,
+                    args.subnet,
+                    profiles,
+                    args.mirror,
                     args.host_names.split(",") if args.host_names else None,
-                ))
+                )
+            )
             inventory = _inventory_path(args)
             if inventory is not None:
                 result["inventory"] = str(inventory)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import json
@@ -154,15 +155,29 @@ class Lab:
         # Other labs: a stable /24 in 10.200-10.254 derived from the name, moved on if taken.
         seed = int(short_id(self.name), 16)
         for attempt in range(64):
-            candidate = ipaddress.ip_network(f"10.{200 + (seed + attempt) % 55}.{(seed // 55 + attempt) % 256}.0/24")
+            candidate = ipaddress.ip_network(
+                f"10.{200 + (seed + attempt) % 55}.{(seed // 55 + attempt) % 256}.0/24"
+            )
             if network.subnet_is_free(candidate, self.bridge):
                 return str(candidate)
         raise LabError("no free /24 found for the lab in 10.200.0.0-10.254.255.0: pass --subnet")
 
     def _ensure_key(self) -> None:
         if not self.key_file.exists():
-            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"gpufleet-lab-{self.name}",
-                 "-f", str(self.key_file)])
+            run(
+                [
+                    "ssh-keygen",
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    f"gpufleet-lab-{self.name}",
+                    "-f",
+                    str(self.key_file),
+                ]
+            )
 
     def _hosts_file(self, names: list[str], addresses: list) -> str:
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback", ""]
@@ -180,8 +195,17 @@ class Lab:
         upper, work, root = hdir / "upper", hdir / "work", hdir / "root"
         for d in (upper, work, root):
             d.mkdir(parents=True, exist_ok=True)
-        run(["mount", "-t", "overlay", "overlay", "-o",
-             f"lowerdir={base},upperdir={upper},workdir={work}", str(root)])
+        run(
+            [
+                "mount",
+                "-t",
+                "overlay",
+                "overlay",
+                "-o",
+                f"lowerdir={base},upperdir={upper},workdir={work}",
+                str(root),
+            ]
+        )
         record = {
             "name": name,
             "index": index,
@@ -201,13 +225,31 @@ class Lab:
         os.chmod(ssh_dir / "authorized_keys", 0o600)
         run(["ssh-keygen", "-A", "-f", str(root)])
         install_equipment(root, profile)
-        network.create_host_link(record["netns"], record["veth"], self.bridge, f"{address}/{subnet.prefixlen}", gateway)
+        network.create_host_link(
+            record["netns"], record["veth"], self.bridge, f"{address}/{subnet.prefixlen}", gateway
+        )
         log = open(hdir / "nspawn.log", "ab")  # noqa: SIM115 - handed to the long-lived child
         proc = subprocess.Popen(
-            ["systemd-nspawn", "-q", "-b", "-D", str(root), "-M", name, "--register=no", "--keep-unit",
-             "--console=passive", f"--network-namespace-path=/run/netns/{record['netns']}", "--resolv-conf=copy-host",
-             f"--uuid={uuid.uuid4()}", f"--hostname={name}"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                "systemd-nspawn",
+                "-q",
+                "-b",
+                "-D",
+                str(root),
+                "-M",
+                name,
+                "--register=no",
+                "--keep-unit",
+                "--console=passive",
+                f"--network-namespace-path=/run/netns/{record['netns']}",
+                "--resolv-conf=copy-host",
+                f"--uuid={uuid.uuid4()}",
+                f"--hostname={name}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         record["nspawn_pid"] = proc.pid
@@ -234,8 +276,10 @@ class Lab:
         raise LabError("systemd-nspawn started no container within 20 s")
 
     def _host_alive(self, record: dict) -> bool:
-        if not (pid_is(record.get("nspawn_pid"), record.get("nspawn_starttime"))
-                and pid_is(record.get("leader_pid"), record.get("leader_starttime"))):
+        if not (
+            pid_is(record.get("nspawn_pid"), record.get("nspawn_starttime"))
+            and pid_is(record.get("leader_pid"), record.get("leader_starttime"))
+        ):
             return False
         return self._system_state(record) in ("running", "degraded")
 
@@ -243,7 +287,10 @@ class Lab:
     def _system_state(record: dict) -> str:
         proc = subprocess.run(
             ["nsenter", "-t", str(record["leader_pid"]), "-a", "systemctl", "is-system-running"],
-            capture_output=True, text=True, check=False, timeout=20,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=20,
         )
         return proc.stdout.strip() or proc.stderr.strip()
 
@@ -258,7 +305,9 @@ class Lab:
             if state in ("running", "degraded") and _port_open(record["address"], 22):
                 return
             time.sleep(0.1)
-        raise LabError(f"{record['name']}: not ready after {READY_TIMEOUT:.0f} s (is-system-running: {state})")
+        raise LabError(
+            f"{record['name']}: not ready after {READY_TIMEOUT:.0f} s (is-system-running: {state})"
+        )
 
     # ----- down ----------------------------------------------------------------------------------
     def _destroy_host(self, record: dict) -> None:
@@ -272,10 +321,8 @@ class Lab:
             if not pids:
                 break
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.1)
         for point in mounted_under(Path(record["dir"])):
             if run(["umount", point], check=False).returncode != 0:
@@ -321,18 +368,27 @@ class Lab:
         hosts = []
         for record in sorted(state.get("hosts", {}).values(), key=lambda r: r["index"]):
             alive = pid_is(record.get("nspawn_pid"), record.get("nspawn_starttime"))
-            hosts.append({
-                "name": record["name"],
-                "address": record["address"],
-                "profile": record["profile"],
-                "state": self._system_state(record) if alive else "stopped",
-            })
-        return {"lab": self.name, "subnet": state.get("subnet"), "bridge": state.get("bridge"), "hosts": hosts}
+            hosts.append(
+                {
+                    "name": record["name"],
+                    "address": record["address"],
+                    "profile": record["profile"],
+                    "state": self._system_state(record) if alive else "stopped",
+                }
+            )
+        return {
+            "lab": self.name,
+            "subnet": state.get("subnet"),
+            "bridge": state.get("bridge"),
+            "hosts": hosts,
+        }
 
     def record(self, host: str) -> dict:
         state = self.load()
         if host not in state.get("hosts", {}):
-            raise LabError(f"no host {host!r} in lab {self.name!r} (hosts: {', '.join(state.get('hosts', {}))})")
+            raise LabError(
+                f"no host {host!r} in lab {self.name!r} (hosts: {', '.join(state.get('hosts', {}))})"
+            )
         return state["hosts"][host]
 
 

@@ -56,7 +56,12 @@ def ensure_bridge(bridge: str, gateway_cidr: str) -> bool:
         run(["ip", "link", "add", bridge, "type", "bridge"])
         changed = True
     addrs = json.loads(run(["ip", "-j", "addr", "show", "dev", bridge]).stdout)
-    have = {f"{a['local']}/{a['prefixlen']}" for i in addrs for a in i.get("addr_info", []) if a["family"] == "inet"}
+    have = {
+        f"{a['local']}/{a['prefixlen']}"
+        for i in addrs
+        for a in i.get("addr_info", [])
+        if a["family"] == "inet"
+    }
     if gateway_cidr not in have:
         run(["ip", "addr", "add", gateway_cidr, "dev", bridge])
         changed = True
@@ -83,7 +88,10 @@ def ensure_nat(subnet: str, bridge: str, comment: str) -> bool:
     wanted = [
         ("nat", ["POSTROUTING", "-s", subnet, "!", "-o", bridge, "-j", "MASQUERADE"]),
         ("filter", ["FORWARD", "-i", bridge, "-j", "ACCEPT"]),
-        ("filter", ["FORWARD", "-o", bridge, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"]),
+        (
+            "filter",
+            ["FORWARD", "-o", bridge, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"],
+        ),
     ]
     for table, rule in wanted:
         spec = rule[1:] + ["-m", "comment", "--comment", comment]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -14,7 +15,9 @@ class LabError(RuntimeError):
     """A lab operation failed; the message says what, where and how to fix it."""
 
 
-def run(cmd: Sequence[str], *, check: bool = True, input_text: str | None = None) -> subprocess.CompletedProcess:
+def run(
+    cmd: Sequence[str], *, check: bool = True, input_text: str | None = None
+) -> subprocess.CompletedProcess:
     """Run a command, capturing output; raise LabError naming the command on failure."""
     proc = subprocess.run(list(cmd), capture_output=True, text=True, input=input_text, check=False)
     if check and proc.returncode != 0:
@@ -42,7 +45,9 @@ def require_prerequisites() -> None:
     if "overlay" not in filesystems:
         proc = run(["modprobe", "overlay"], check=False)
         if proc.returncode != 0 or "overlay" not in Path("/proc/filesystems").read_text():
-            raise LabError("this kernel has no overlayfs (not in /proc/filesystems and modprobe overlay failed)")
+            raise LabError(
+                "this kernel has no overlayfs (not in /proc/filesystems and modprobe overlay failed)"
+            )
 
 
 def proc_starttime(pid: int) -> int | None:
@@ -91,10 +96,8 @@ def kill_recorded(pid: int | None, starttime: int | None, timeout: float = 10.0)
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def pids_in_netns(netns_path: str) -> list[int]:

@@ -19,8 +19,10 @@ def assert_unit_active(host, unit: str) -> None:
     service = host.service(unit)
     if not service.is_running:
         state = host.run(f"systemctl status {unit} --no-pager").stdout
-        pytest.fail(f"{unit} is not running on {host.backend.get_hostname()}\n{state}\n"
-                    f"--- journalctl -u {unit} ---\n{journal(host, unit)}")
+        pytest.fail(
+            f"{unit} is not running on {host.backend.get_hostname()}\n{state}\n"
+            f"--- journalctl -u {unit} ---\n{journal(host, unit)}"
+        )
 
 
 @pytest.fixture

@@ -1,0 +1,41 @@
+"""Lab tests: they bring real lab hosts (systemd-nspawn containers) up and down; root needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB_ENV = dict(os.environ, PYTHONPATH=str(ROOT / "lab"))
+
+
+def lab(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the lab tool's CLI as a user would."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpufleet_lab", *args],
+        capture_output=True,
+        text=True,
+        env=LAB_ENV,
+        check=False,
+        timeout=600,
+    )
+    if check and proc.returncode != 0:
+        pytest.fail(
+            f"gpufleet_lab {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+def lab_json(*args: str) -> dict:
+    return json.loads(lab(*args, "--json").stdout)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _root_only():
+    if os.geteuid() != 0:
+        pytest.skip("lab tests need root")

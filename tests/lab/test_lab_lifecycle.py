@@ -1,0 +1,164 @@
+"""The lab tool gives hosts with a real systemd, idempotently, and `down` leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import LAB_ENV, ROOT, lab, lab_json
+
+STATE_ROOT = Path("/var/lib/gpufleet-lab")
+NAME = "t-life"
+OTHER = "t-beside"
+
+
+def state_of(name: str) -> dict:
+    return json.loads((STATE_ROOT / name / "state.json").read_text())
+
+
+def leftovers(name: str, state: dict) -> list[str]:
+    """Everything a lab could leave behind, looked up independently of the lab tool's own code."""
+    found = []
+    for host in state["hosts"].values():
+        for key in ("nspawn_pid", "leader_pid"):
+            pid = host.get(key)
+            stat = Path(f"/proc/{pid}/stat")
+            if pid and stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(f"process {pid} ({key} of {host['name']})")
+        if Path(f"/run/netns/{host['netns']}").exists():
+            found.append(f"netns {host['netns']}")
+        if subprocess.run(["ip", "link", "show", host["veth"]], capture_output=True).returncode == 0:
+            found.append(f"link {host['veth']}")
+    mounts = Path("/proc/self/mounts").read_text()
+    found += [f"mount {line.split()[1]}" for line in mounts.splitlines() if f"{STATE_ROOT}/{name}/" in line]
+    if subprocess.run(["ip", "link", "show", state["bridge"]], capture_output=True).returncode == 0:
+        found.append(f"bridge {state['bridge']}")
+    for table in ("nat", "filter"):
+        rules = subprocess.run(["iptables", "-t", table, "-S"], capture_output=True, text=True).stdout
+        found += [f"iptables {table}: {r}" for r in rules.splitlines() if f"gpufleet-lab:{name}" in r]
+    if (STATE_ROOT / name).exists():
+        found.append(f"state dir {STATE_ROOT / name}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def four_hosts(tmp_path_factory):
+    inventory = tmp_path_factory.mktemp("inv") / "hosts.yml"
+    result = lab_json("--name", NAME, "up", "--hosts", "4", "--inventory", str(inventory))
+    yield result, inventory
+    lab("--name", NAME, "down", check=False)
+
+
+def test_four_hosts_answer_ansible_ping(four_hosts):
+    result, inventory = four_hosts
+    assert [h["name"] for h in result["hosts"]] == [f"{NAME}-0{i}" for i in range(1, 5)]
+    proc = subprocess.run(
+        [str(ROOT / ".venv/bin/ansible"), "-i", str(inventory), "all", "-m", "ansible.builtin.ping"],
+        capture_output=True,
+        text=True,
+        env=LAB_ENV,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("SUCCESS") == 4
+
+
+def test_each_host_runs_systemd_as_pid1_with_its_own_name(four_hosts):
+    for host in four_hosts[0]["hosts"]:
+        out = lab(
+            "--name",
+            NAME,
+            "exec",
+            host["name"],
+            "--",
+            "sh",
+            "-c",
+            "ps -p 1 -o comm=; hostname; systemctl is-system-running || true",
+        ).stdout.split()
+        assert out[0] == "systemd"
+        assert out[1] == host["name"]
+        assert out[2] in ("running", "degraded")
+
+
+def test_every_host_resolves_every_lab_member(four_hosts):
+    hosts = four_hosts[0]["hosts"]
+    out = lab("--name", NAME, "exec", hosts[0]["name"], "--", "getent", "hosts", hosts[3]["name"]).stdout
+    assert out.split()[0] == hosts[3]["address"]
+
+
+def test_up_twice_changes_nothing(four_hosts):
+    before = state_of(NAME)
+    again = lab_json("--name", NAME, "up", "--hosts", "4")
+    assert again["changed"] is False
+    assert again["started"] == []
+    assert state_of(NAME)["hosts"] == before["hosts"]
+
+
+def test_recovers_from_killed_processes(four_hosts):
+    victim = state_of(NAME)["hosts"][f"{NAME}-02"]
+    os.kill(victim["nspawn_pid"], 9)
+    again = lab_json("--name", NAME, "up", "--hosts", "4")
+    assert again["started"] == [f"{NAME}-02"]
+    assert (
+        lab("--name", NAME, "exec", f"{NAME}-02", "--", "ps", "-p", "1", "-o", "comm=").stdout.strip()
+        == "systemd"
+    )
+
+
+def test_a_second_lab_runs_beside_the_first_and_refuses_a_taken_subnet(four_hosts):
+    subnet = state_of(NAME)["subnet"]
+    refused = lab("--name", OTHER, "up", "--hosts", "1", "--subnet", subnet, check=False)
+    assert refused.returncode == 1
+    assert f"subnet {subnet} is taken" in refused.stderr
+    try:
+        beside = lab_json("--name", OTHER, "up", "--hosts", "1")
+        assert beside["hosts"][0]["address"] != four_hosts[0]["hosts"][0]["address"]
+        assert lab(
+            "--name", OTHER, "exec", f"{OTHER}-01", "--", "ping", "-c1", "-W2", "deb.debian.org", check=False
+        ).returncode in (0, 1)  # NAT path exists; ICMP may be filtered
+        assert lab("--name", NAME, "exec", f"{NAME}-01", "--", "true").returncode == 0
+    finally:
+        other_state = state_of(OTHER)
+        lab("--name", OTHER, "down")
+        assert leftovers(OTHER, other_state) == []
+
+
+def test_down_leaves_no_process_mount_link_namespace_or_nat_rule(four_hosts):
+    state = state_of(NAME)
+    assert leftovers(NAME, state) != []  # the check sees a running lab
+    lab("--name", NAME, "down")
+    assert leftovers(NAME, state) == []
+
+
+def test_down_cleans_a_lab_whose_processes_were_killed():
+    lab("--name", NAME, "up", "--hosts", "2")
+    state = state_of(NAME)
+    for host in state["hosts"].values():
+        os.kill(host["nspawn_pid"], 9)
+        os.kill(host["leader_pid"], 9)
+    lab("--name", NAME, "down")
+    assert leftovers(NAME, state) == []
+
+
+def test_refuses_non_root_with_a_clear_message():
+    proc = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/env",
+            f"PYTHONPATH={ROOT / 'lab'}",
+            "/usr/bin/python3",
+            "-m",
+            "gpufleet_lab",
+            "up",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1
+    assert "the lab needs root" in proc.stderr
