@@ -9,9 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+from gpufleet_lab import cuda_mirror
 from gpufleet_lab.base import DEFAULT_MIRROR, ensure_base
 from gpufleet_lab.equipment import available_profiles, check_profile
-from gpufleet_lab.lab import CACHE_DIR, DEFAULT_NAME, DEFAULT_PROFILE, Lab, LabSpec
+from gpufleet_lab.lab import CACHE_DIR, DEFAULT_NAME, DEFAULT_PROFILE, Lab, LabSpec, all_lab_names
 from gpufleet_lab.sysutil import LabError, require_prerequisites
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
@@ -88,6 +89,10 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     base = sub.add_parser("base", help="build (or reuse) the cached Debian 12 base root filesystem")
     base.add_argument("--mirror", default=os.environ.get("LAB_MIRROR", DEFAULT_MIRROR))
     sub.add_parser("profiles", help="list the simulated GPU profiles")
+    cm = sub.add_parser("cuda-mirror", help="serve the lab CUDA mirror (apt repo, wheels, runfile) to the lab's hosts")
+    cm.add_argument("action", choices=["up", "down", "status"])
+    cm.add_argument("--port", type=int, default=cuda_mirror.DEFAULT_PORT)
+    sub.add_parser("prune", help="take down every lab on this machine whose processes are all gone (stale)")
     return parser.parse_args(argv)
 
 
@@ -143,11 +148,19 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"inventory: {inventory}")
             return 0
         if args.command == "down":
+            cuda_mirror.down(lab)
             result = lab.down()
             inventory = _inventory_path(args)
             if inventory is not None and inventory.exists():
                 inventory.unlink()
             print(f"lab {lab.name}: down (removed hosts: {', '.join(result['removed']) or 'none'})")
+            return 0
+        if args.command == "prune":
+            for name in all_lab_names():
+                stale = Lab(name, log=log)
+                if stale.is_stale():
+                    stale.down()
+                    print(f"lab {name}: stale (no live host), removed")
             return 0
         if args.command == "status":
             print(json.dumps(lab.status(), indent=2))
@@ -159,6 +172,15 @@ def main(argv: list[str] | None = None) -> int:
             record = lab.record(args.host)
             cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
             os.execvp("nsenter", ["nsenter", "-t", str(record["leader_pid"]), "-a", *(cmd or ["bash"])])
+        if args.command == "cuda-mirror":
+            if args.action == "up":
+                result = cuda_mirror.up(lab, args.port, log=lambda m: print(m, file=sys.stderr))
+            elif args.action == "down":
+                result = {"lab": lab.name, "changed": cuda_mirror.down(lab)}
+            else:
+                result = cuda_mirror.status(lab)
+            print(json.dumps(result, indent=2))
+            return 0
         if args.command == "base":
             print(ensure_base(CACHE_DIR, args.mirror, log=log))
             return 0

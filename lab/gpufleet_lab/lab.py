@@ -34,7 +34,7 @@ CACHE_DIR = Path(os.environ.get("GPUFLEET_LAB_CACHE", "/var/cache/gpufleet-lab")
 DEFAULT_NAME = "gpufleet"
 DEFAULT_SUBNET = "10.123.0.0/24"
 DEFAULT_PROFILE = "rtx-pro-6000x8-vm"
-READY_TIMEOUT = 90.0
+READY_TIMEOUT = 180.0
 
 
 @dataclass
@@ -223,7 +223,10 @@ class Lab:
         ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         shutil.copyfile(f"{self.key_file}.pub", ssh_dir / "authorized_keys")
         os.chmod(ssh_dir / "authorized_keys", 0o600)
-        run(["ssh-keygen", "-A", "-f", str(root)])
+        # One ed25519 host key per host (RSA generation would cost a second per host).
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "etc/ssh/ssh_host_ed25519_key")])
+        (root / "etc/ssh/sshd_config.d").mkdir(exist_ok=True)
+        (root / "etc/ssh/sshd_config.d/gpufleet-lab.conf").write_text("HostKey /etc/ssh/ssh_host_ed25519_key\n")
         install_equipment(root, profile)
         network.create_host_link(
             record["netns"], record["veth"], self.bridge, f"{address}/{subnet.prefixlen}", gateway
@@ -261,17 +264,27 @@ class Lab:
 
     @staticmethod
     def _find_leader(proc: subprocess.Popen) -> int:
+        """PID of the container's init: the child of nspawn that lives in a new PID namespace.
+
+        nspawn first forks an intermediate child that exits once the container's init exists, so
+        the first child seen is not necessarily the leader.
+        """
         deadline = time.monotonic() + 20
         children_file = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        own_pidns = os.stat(f"/proc/{proc.pid}/ns/pid").st_ino
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise LabError(f"systemd-nspawn exited with {proc.returncode} before booting the host")
             try:
-                children = children_file.read_text().split()
+                children = [int(c) for c in children_file.read_text().split()]
             except FileNotFoundError:
                 children = []
-            if children:
-                return int(children[0])
+            for child in children:
+                try:
+                    if os.stat(f"/proc/{child}/ns/pid").st_ino != own_pidns:
+                        return child
+                except FileNotFoundError:
+                    continue
             time.sleep(0.02)
         raise LabError("systemd-nspawn started no container within 20 s")
 
@@ -349,6 +362,11 @@ class Lab:
             network.restore_ip_forward()
         return {"lab": self.name, "removed": removed, "changed": bool(removed)}
 
+    def is_stale(self) -> bool:
+        """True when the lab has state but none of its hosts is alive (its processes were killed)."""
+        hosts = self.load().get("hosts", {}).values()
+        return not any(pid_is(h.get("nspawn_pid"), h.get("nspawn_starttime")) for h in hosts)
+
     # ----- views ---------------------------------------------------------------------------------
     def instances(self, state: dict | None = None) -> list[dict]:
         state = state or self.load()
@@ -390,6 +408,10 @@ class Lab:
                 f"no host {host!r} in lab {self.name!r} (hosts: {', '.join(state.get('hosts', {}))})"
             )
         return state["hosts"][host]
+
+
+def all_lab_names() -> list[str]:
+    return sorted(p.parent.name for p in STATE_ROOT.glob("*/state.json"))
 
 
 def _port_open(address: str, port: int) -> bool:

@@ -133,13 +133,17 @@ def test_down_leaves_no_process_mount_link_namespace_or_nat_rule(four_hosts):
     assert leftovers(NAME, state) == []
 
 
-def test_down_cleans_a_lab_whose_processes_were_killed():
+@pytest.mark.parametrize("cleanup", ["down", "prune"])
+def test_a_lab_whose_processes_were_killed_is_cleaned_up(cleanup):
+    """CI starts right after a session's processes were ended: the lab it left must not get in the way."""
     lab("--name", NAME, "up", "--hosts", "2")
     state = state_of(NAME)
     for host in state["hosts"].values():
         os.kill(host["nspawn_pid"], 9)
         os.kill(host["leader_pid"], 9)
-    lab("--name", NAME, "down")
+    out = lab("--name", NAME, cleanup).stdout
+    if cleanup == "prune":
+        assert f"lab {NAME}: stale" in out
     assert leftovers(NAME, state) == []
 
 

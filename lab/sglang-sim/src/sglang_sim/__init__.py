@@ -1,0 +1,12 @@
+"""sglang-sim: gpufleet lab simulator (not SGLang).
+
+A stdlib-only stand-in for ``python -m sglang.launch_server`` (SGLang 0.5.9) used on GPU-less
+lab hosts. See the README next to pyproject.toml.
+"""
+
+__version__ = "0.1.0"
+EMULATED_SGLANG_VERSION = "0.5.9"
+SERVER_VERSION = f"{EMULATED_SGLANG_VERSION}-sim"
+BANNER = "gpufleet lab simulator (not SGLang)"
+SIM_HEADER = "X-Gpufleet-Simulator"
+SIM_HEADER_VALUE = f"sglang-sim {__version__}"

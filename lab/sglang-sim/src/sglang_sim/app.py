@@ -1,0 +1,371 @@
+"""The main ("tokenizer manager") process: HTTP server, child processes, readiness and shutdown."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from . import cli, gpus
+from .engine import Engine, env_float
+from .faults import Faults
+from .http_api import SimHTTPServer, access_log_default, bind_error_message
+from .log import log
+
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KV_BYTES_PER_TOKEN = 80 * 1024
+WARMUP_PROMPT = "The capital city of France is"
+
+
+def cuda_graph_bs_list(args: argparse.Namespace) -> list[int]:
+    if args.cuda_graph_bs:
+        return sorted({int(b) for b in args.cuda_graph_bs})
+    max_bs = args.cuda_graph_max_bs or args.max_running_requests or 256
+    max_bs = max(1, int(max_bs))
+    bs = [b for b in (1, 2, 4, 8, 12) if b <= max_bs]
+    bs += list(range(16, max_bs + 1, 8))
+    if max_bs not in bs:
+        bs.append(max_bs)
+    return sorted(set(bs))
+
+
+class Child:
+    def __init__(self, kind: str, popen: subprocess.Popen, tag: str = "", rank: int = 0):
+        self.kind = kind
+        self.popen = popen
+        self.tag = tag
+        self.rank = rank
+        self.status: str | None = None
+        self.error: str | None = None
+        self.dead_since: float | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+class App:
+    def __init__(self, args: argparse.Namespace, faults: Faults, profile: gpus.Profile):
+        self.args = args
+        self.faults = faults
+        self.profile = profile
+        self.started_at = time.time()
+        self.state = "starting"  # starting -> ready -> draining; or failed
+        self.lock = threading.Condition()
+        self.inflight: dict[str, float] = {}
+        self.children: list[Child] = []
+        self.events: queue.Queue = queue.Queue()
+        self.sigterm = False
+        self.sigint = False
+        self.model_type = "SimulatedForCausalLM"
+        self.context_len = int(args.context_length or 131072)
+        self.access_log = access_log_default()
+        self.exclude_prefixes = list(args.uvicorn_access_log_exclude_prefixes or [])
+        self.drain_interval = env_float("SGLANG_SIM_DRAIN_LOG_INTERVAL", 5.0, 0.01)
+        self.load_seconds = env_float("SGLANG_SIM_LOAD_SECONDS", 2.0, 0.0) + faults.slow_start
+        self.graph_seconds = env_float("SGLANG_SIM_GRAPH_SECONDS", 2.0, 0.0)
+        self.weights_share = min(0.95, env_float("SGLANG_SIM_WEIGHTS_SHARE", 0.55, 0.0))
+        # per-GPU memory plan (from the first local GPU; profiles are homogeneous in practice)
+        self.world = cli.tp_size(args) * cli.pp_size(args)
+        self.nnodes = int(args.nnodes or 1)
+        self.local = self.world // self.nnodes
+        first = profile.gpu(int(args.base_gpu_id or 0)) or profile.gpus[0]
+        self.budget_mib = int(float(args.mem_fraction_static) * first.usable_mib)
+        self.graph_mib = 0 if args.disable_cuda_graph else min(int(self.budget_mib * 0.015), 4096)
+        self.weights_mib = int(self.budget_mib * self.weights_share)
+        kv_mib = max(0, self.budget_mib - self.weights_mib - self.graph_mib)
+        self.kv_tokens = int(kv_mib * 1024 * 1024 // KV_BYTES_PER_TOKEN)
+        self.engine = Engine(
+            args.served_model_name,
+            faults,
+            max_running_requests=args.max_running_requests,
+            kv_tokens=self.kv_tokens,
+            ttft_buckets=args.bucket_time_to_first_token,
+            e2e_buckets=args.bucket_e2e_request_latency,
+            cuda_graph=not args.disable_cuda_graph,
+        )
+        self.httpd: SimHTTPServer | None = None
+        self._was_ready = False
+        self.decode_log_interval = env_float("SGLANG_SIM_DECODE_LOG_INTERVAL", 10.0, 0.05)
+        self._next_decode_log = 0.0
+
+    # ------------------------------------------------------------------ state used by HTTP handlers
+    def healthy(self) -> bool:
+        return self.state == "ready"
+
+    def accepting_generation(self) -> bool:
+        return self.state in ("ready", "draining")
+
+    def access_log_enabled(self, path: str) -> bool:
+        return self.access_log and not any(path.startswith(p) for p in self.exclude_prefixes)
+
+    def request_begin(self, rid: str) -> None:
+        with self.lock:
+            self.inflight[rid] = time.monotonic()
+
+    def request_end(self, rid: str) -> None:
+        with self.lock:
+            self.inflight.pop(rid, None)
+            self.lock.notify_all()
+
+    # ------------------------------------------------------------------ signals
+    def _on_sigterm(self, signum, frame) -> None:
+        self.sigterm = True
+
+    def _on_sigint(self, signum, frame) -> None:
+        self.sigint = True
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGINT, self._on_sigint)
+        host, port = self.args.host, int(self.args.port)
+        if self.faults.port_taken:
+            log(bind_error_message(host, port))
+            return 1
+        try:
+            self.httpd = SimHTTPServer((host, port), self)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                log(bind_error_message(host, port))
+            else:
+                log(bind_error_message(host, port, e.errno or 0, (e.strerror or str(e)).lower()))
+            return 1
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
+        log(f"INFO:     Started server process [{os.getpid()}]")
+        log("INFO:     Waiting for application startup.")
+        log("INFO:     Application startup complete.")
+        log(f"INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
+        try:
+            self._spawn_children()
+            rc = self._main_loop()
+        finally:
+            self._stop_children()
+            if self.httpd is not None:
+                self.httpd.shutdown()
+                self.httpd.server_close()
+        return rc
+
+    # ------------------------------------------------------------------ children
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        pp = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + pp if pp else "")
+        return env
+
+    def _spawn_children(self) -> None:
+        a = self.args
+        tp = cli.tp_size(a)
+        pp = cli.pp_size(a)
+        env = self._child_env()
+        for i in range(self.local):
+            global_rank = int(a.node_rank or 0) * self.local + i
+            tp_rank, pp_rank = global_rank % tp, global_rank // tp
+            if pp > 1:
+                tag, name = f"PP{pp_rank} TP{tp_rank}", f"sglang::scheduler_PP{pp_rank}_TP{tp_rank}"
+            else:
+                tag, name = f"TP{tp_rank}", f"sglang::scheduler_TP{tp_rank}"
+            gpu_index = int(a.base_gpu_id or 0) + i
+            gpu = self.profile.gpu(gpu_index)
+            assert gpu is not None  # checked in launch_server.check_gpus
+            budget = int(float(a.mem_fraction_static) * gpu.usable_mib)
+            weights = int(budget * self.weights_share)
+            graph = 0 if a.disable_cuda_graph else min(int(budget * 0.015), 4096)
+            spec = {
+                "tag": tag,
+                "tp_rank": i if pp > 1 else tp_rank,
+                "process_name": name,
+                "gpu_index": gpu_index,
+                "memory_total_mib": gpu.memory_total_mib,
+                "usable_mib": gpu.usable_mib,
+                "budget_mib": budget,
+                "weights_mib": weights,
+                "graph_mib": graph,
+                "kv_tokens": int(max(0, budget - weights - graph) * 1024 * 1024 // KV_BYTES_PER_TOKEN),
+                "load_seconds": self.load_seconds,
+                "graph_seconds": self.graph_seconds,
+                "disable_cuda_graph": bool(a.disable_cuda_graph),
+                "cuda_graph_bs": cuda_graph_bs_list(a),
+                "model_type": self.model_type,
+                "dtype": "torch.bfloat16",
+                "leak": self.faults.leak_gpu_memory,
+                "never_ready": self.faults.never_ready,
+                "crash_after_load": self.faults.crash_after_load,
+                "chunked_prefill_size": a.chunked_prefill_size or 8192,
+                "max_running_requests": a.max_running_requests or 4096,
+                "context_len": self.context_len,
+            }
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "sglang_sim.scheduler", "--tp-rank", str(tp_rank)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                text=True,
+                bufsize=1,
+                close_fds=True,
+            )
+            child = Child("scheduler", popen, tag, tp_rank)
+            popen.stdin.write(json.dumps(spec) + "\n")
+            popen.stdin.flush()
+            self.children.append(child)
+            threading.Thread(target=self._read_status, args=(child,), daemon=True).start()
+        detok = subprocess.Popen(
+            [sys.executable, "-m", "sglang_sim.detokenizer"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            env=env,
+            text=True,
+            close_fds=True,
+        )
+        self.children.append(Child("detokenizer", detok))
+
+    def _read_status(self, child: Child) -> None:
+        assert child.popen.stdout is not None
+        for line in child.popen.stdout:
+            self.events.put((child, line.strip()))
+
+    def schedulers(self) -> list[Child]:
+        return [c for c in self.children if c.kind == "scheduler"]
+
+    def _stop_children(self) -> None:
+        for c in self.children:
+            if c.popen.poll() is None and c.popen.stdin is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    c.popen.stdin.write("stop\n")
+                    c.popen.stdin.flush()
+        deadline = time.monotonic() + 5.0
+        for c in self.children:
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                c.popen.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                c.popen.kill()
+                c.popen.wait()
+            with contextlib.suppress(OSError, ValueError):
+                if c.popen.stdin is not None:
+                    c.popen.stdin.close()
+
+    # ------------------------------------------------------------------ main loop
+    def _main_loop(self) -> int:
+        drain_next_log = 0.0
+        while True:
+            if self.sigint and self.state != "draining":
+                log("KeyboardInterrupt: shutting down (SIGINT).")
+                return 0
+            if self.sigterm and self.state != "draining":
+                log(
+                    f"SIGTERM received. signum={int(signal.SIGTERM)} frame=None. Draining requests and shutting down..."
+                )
+                self.state = "draining"
+                if os.environ.get("SGL_FORCE_SHUTDOWN", "").strip().lower() in ("1", "true", "yes", "on"):
+                    log("Signal SIGTERM received while force shutdown flag set. Force exiting.")
+                    return 0
+                drain_next_log = 0.0
+            if self.state == "draining":
+                with self.lock:
+                    rids = list(self.inflight)
+                now = time.monotonic()
+                if now >= drain_next_log or not rids:
+                    log(
+                        f"Gracefully exiting... Remaining number of requests {len(rids)}. "
+                        f"Remaining requests remaining_rids={rids}."
+                    )
+                    drain_next_log = now + self.drain_interval
+                if not rids:
+                    return 0
+                with self.lock:
+                    self.lock.wait(min(0.1, max(0.0, drain_next_log - now)))
+                continue
+            # starting / ready: watch the children
+            try:
+                child, line = self.events.get(timeout=0.1)
+            except queue.Empty:
+                child, line = None, None
+            if child is not None:
+                if line.startswith("error"):
+                    child.error = line[len("error") :].strip()
+                else:
+                    child.status = line
+            failed = self._dead_child()
+            if failed is not None:
+                return self._fail(failed)
+            if self.state == "ready":
+                self._maybe_log_decode()
+            if self.state == "starting" and all(c.status == "ready" for c in self.schedulers()):
+                self._warmup()
+                if self.sigterm or self.sigint:
+                    continue
+                self.state = "ready"
+                log("The server is fired up and ready to roll!")
+
+    def _dead_child(self) -> Child | None:
+        now = time.monotonic()
+        for c in self.children:
+            if c.popen.poll() is None:
+                continue
+            if c.error is not None or c.popen.returncode != 0:
+                return c
+            # exited cleanly (e.g. SIGTERM from a cgroup-wide stop): give our own SIGTERM time to arrive
+            if c.dead_since is None:
+                c.dead_since = now
+            elif now - c.dead_since > 0.5:
+                return c
+        return None
+
+    def _fail(self, child: Child) -> int:
+        self.state = "failed"
+        # let the other ranks report (and exit) first, as the real crash cascades through all ranks
+        time.sleep(0.2)
+        if self.healthy_before_failure():
+            log("Received sigquit from a child process. It usually means the child failed.")
+        else:
+            who = f"Rank {child.rank} scheduler" if child.kind == "scheduler" else "Detokenizer"
+            log(f"{who} is dead. Please check if there are relevant logs.")
+        log(f"Exit code: {child.popen.returncode}")
+        return 1
+
+    def healthy_before_failure(self) -> bool:
+        return self._was_ready
+
+    def _maybe_log_decode(self) -> None:
+        now = time.monotonic()
+        if now < self._next_decode_log:
+            return
+        self._next_decode_log = now + self.decode_log_interval
+        snap = self.engine.snapshot()
+        if not snap["num_running_reqs"]:
+            return
+        log(
+            f"Decode batch, #running-req: {snap['num_running_reqs']}, #token: {snap['num_used_tokens']}, "
+            f"token usage: {snap['token_usage']:.2f}, cuda graph: {not self.args.disable_cuda_graph}, "
+            f"gen throughput (token/s): {self.engine.gen_throughput():.2f}, "
+            f"#queue-req: {snap['num_queue_reqs']}, ",
+            "TP0",
+        )
+
+    def _warmup(self) -> None:
+        self._was_ready = True
+        if self.args.skip_server_warmup:
+            return
+        ptoks = len(WARMUP_PROMPT.split()) + 1
+        log(
+            f"Prefill batch, #new-seq: 1, #new-token: {ptoks}, #cached-token: 0, token usage: 0.00, "
+            "#running-req: 0, #queue-req: 0, ",
+            "TP0",
+        )
+        rid = self.engine.new_rid()
+        self.request_begin(rid)
+        try:
+            self.engine.generate(WARMUP_PROMPT, 8, rid=rid)
+        finally:
+            self.request_end(rid)
+        if self.access_log_enabled("/generate"):
+            log('INFO:     127.0.0.1:0 - "POST /generate HTTP/1.1" 200 OK')

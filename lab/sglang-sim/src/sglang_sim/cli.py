@@ -1,0 +1,312 @@
+"""The command line of ``python -m sglang.launch_server`` (sglang 0.5.9), rebuilt from its argparse dump.
+
+``data/server-args-0.5.9.json`` was dumped from sglang 0.5.9's own parser (``ServerArgs.add_cli_args``):
+option strings, dest, action, nargs, type, choices, default for all 331 arguments. We rebuild an
+``argparse.ArgumentParser`` from it, so parsing behaves like SGLang's (abbreviations allowed, unknown
+flags -> exit 2 ``error: unrecognized arguments: ...``). Semantic checks that SGLang performs after
+parsing (and a few the fleet relies on) live in :func:`validate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from importlib import resources
+from typing import Any
+
+from . import BANNER, EMULATED_SGLANG_VERSION, __version__
+
+ARGS_DATA = "data/server-args-0.5.9.json"
+DEFAULT_MEM_FRACTION = 0.88
+
+
+class SimFatal(Exception):
+    """A start-up failure that real SGLang reports as an uncaught Python exception (exit 1)."""
+
+    def __init__(self, exc_line: str, frames: list[tuple[str, int, str, str]] | None = None):
+        super().__init__(exc_line)
+        self.exc_line = exc_line
+        self.frames = frames or []
+
+
+def load_arg_spec() -> dict[str, Any]:
+    text = resources.files("sglang_sim").joinpath(ARGS_DATA).read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+# --- the non-builtin "type" callables of sglang's parser (names matter: argparse prints them) ---
+def nullable_str(val: str) -> str | None:
+    if not val or val.lower() in ("none", "null"):
+        return None
+    return val
+
+
+def json_list_type(val: str) -> list:
+    try:
+        value = json.loads(val)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"Invalid JSON list: {val!r}") from e
+    if not isinstance(value, list):
+        raise argparse.ArgumentTypeError(f"Expected a JSON list, got {val!r}")
+    return value
+
+
+def loads(val: str) -> Any:  # json.loads under the name argparse shows in error messages
+    return json.loads(val)
+
+
+TYPES = {
+    None: None,
+    "str": str,
+    "int": int,
+    "float": float,
+    "loads": loads,
+    "json_list_type": json_list_type,
+    "nullable_str": nullable_str,
+}
+
+
+class LoRAPathAction(argparse.Action):
+    """sglang's LoRAPathAction: ``name=path`` or ``path`` items -> {name: path}."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        result: dict[str, str] = {}
+        for item in values or []:
+            if "=" in item:
+                name, path = item.split("=", 1)
+                result[name] = path
+            else:
+                result[item] = item
+        setattr(namespace, self.dest, result)
+
+
+class DeprecatedAction(argparse.Action):
+    """sglang's DeprecatedAction: using the flag raises ValueError (an uncaught exception, exit 1)."""
+
+    def __init__(self, option_strings, dest, nargs=0, **kwargs):
+        super().__init__(option_strings, dest, nargs=nargs, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise SimFatal(f"ValueError: {option_string} is deprecated and no longer supported by sglang 0.5.9.")
+
+
+ACTIONS = {
+    "_StoreAction": "store",
+    "_StoreTrueAction": "store_true",
+    "_StoreFalseAction": "store_false",
+    "_StoreConstAction": "store_const",
+    "_AppendAction": "append",
+    "_AppendConstAction": "append_const",
+    "_CountAction": "count",
+    "BooleanOptionalAction": argparse.BooleanOptionalAction,
+    "LoRAPathAction": LoRAPathAction,
+    "DeprecatedAction": DeprecatedAction,
+}
+
+
+class _VersionAction(argparse.Action):
+    """Like argparse's "version" action, but printed on one line (argparse would re-wrap it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import sys
+
+        sys.stdout.write(version_text() + "\n")
+        parser.exit(0)
+
+
+def version_text() -> str:
+    return (
+        f"sglang-sim {__version__} - {BANNER}; emulates `python -m sglang.launch_server` "
+        f"of sglang {EMULATED_SGLANG_VERSION}"
+    )
+
+
+class SimArgumentParser(argparse.ArgumentParser):
+    """argparse, but an error is preceded by one line saying this is the simulator.
+
+    The ``usage:`` and ``launch_server.py: error: ...`` lines (exit 2) are argparse's own, as in SGLang.
+    """
+
+    def error(self, message: str):
+        import sys
+
+        sys.stderr.write(f"sglang-sim {__version__}: {BANNER}\n")
+        super().error(message)
+
+
+def build_parser(spec: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    spec = spec or load_arg_spec()
+    parser = SimArgumentParser(
+        prog="launch_server.py",
+        description=(
+            f"{version_text()}. Every flag of sglang {spec.get('version')} is accepted and validated like "
+            "SGLang's argparse parser; most only change what /get_server_info reports."
+        ),
+        allow_abbrev=bool(spec.get("allow_abbrev", True)),
+    )
+    for arg in spec["arguments"]:
+        action_name = arg.get("action") or "_StoreAction"
+        action = ACTIONS.get(action_name, "store")
+        kwargs: dict[str, Any] = {"dest": arg["dest"], "action": action}
+        if action in ("store", "append"):
+            if arg.get("nargs") is not None:
+                kwargs["nargs"] = arg["nargs"]
+            typ = TYPES.get(arg.get("type"), str)
+            if typ is not None:
+                kwargs["type"] = typ
+            if arg.get("choices") is not None:
+                kwargs["choices"] = arg["choices"]
+        elif action is LoRAPathAction:
+            kwargs["nargs"] = arg.get("nargs") or "*"
+            kwargs["type"] = str
+        kwargs["default"] = arg.get("default")
+        if action is DeprecatedAction:
+            kwargs["help"] = "deprecated (using it is an error)"
+        else:
+            kwargs["help"] = "default: %(default)s"
+        parser.add_argument(*arg["options"], **kwargs)
+    parser.add_argument("--version", action=_VersionAction, nargs=0, help="show the simulator's version and exit")
+    return parser
+
+
+# --- --config FILE.yaml (sglang merges a flat YAML mapping into argv; CLI flags win) ---
+def _yaml_scalar(text: str) -> Any:
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    low = text.lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    if low in ("null", "~", ""):
+        return None
+    return text
+
+
+def parse_flat_yaml(text: str) -> dict[str, Any]:
+    """Enough YAML for sglang config files: ``key: scalar``, ``key: [a, b]`` and ``key:`` + ``- item``."""
+    result: dict[str, Any] = {}
+    current_list_key: str | None = None
+    for raw in text.splitlines():
+        line = re.sub(r"\s+#.*$", "", raw).rstrip()
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        stripped = line.strip()
+        if stripped.startswith("- ") and current_list_key is not None:
+            result.setdefault(current_list_key, [])
+            result[current_list_key].append(_yaml_scalar(stripped[2:]))
+            continue
+        if ":" not in stripped:
+            raise ValueError(f"cannot parse config line: {raw!r}")
+        key, _, value = stripped.partition(":")
+        key = key.strip()
+        value = value.strip()
+        if value == "":
+            current_list_key = key
+            result[key] = None
+            continue
+        current_list_key = None
+        if value.startswith("[") and value.endswith("]"):
+            inner = value[1:-1].strip()
+            result[key] = [_yaml_scalar(v) for v in inner.split(",")] if inner else []
+        else:
+            result[key] = _yaml_scalar(value)
+    return result
+
+
+def merge_config(argv: list[str]) -> list[str]:
+    if "--config" not in argv:
+        return argv
+    idx = argv.index("--config")
+    if idx + 1 >= len(argv):
+        return argv  # argparse reports the missing value
+    path = argv[idx + 1]
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = parse_flat_yaml(f.read())
+    except OSError as e:
+        raise SimFatal(f"FileNotFoundError: Config file not found: {path} ({e.strerror})") from e
+    except ValueError as e:
+        raise SimFatal(f"ValueError: Invalid config file {path}: {e}") from e
+    cfg_args: list[str] = []
+    for key, value in cfg.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            cfg_args.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            cfg_args.append(flag)
+            cfg_args.extend(str(v) for v in value)
+        else:
+            cfg_args.extend([flag, str(value)])
+    rest = argv[:idx] + argv[idx + 2 :]
+    return cfg_args + rest
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = build_parser()
+    argv = merge_config(list(argv))
+    args = parser.parse_args(argv)
+    if not args.model_path:
+        parser.error("the following arguments are required: --model-path/--model")
+    return args
+
+
+# --- post-parse (ServerArgs.__post_init__-like) ---
+def tp_size(args: argparse.Namespace) -> int:
+    return int(args.tensor_parallel_size or 1)
+
+
+def pp_size(args: argparse.Namespace) -> int:
+    return int(args.pipeline_parallel_size or 1)
+
+
+def finalize(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill defaults SGLang derives after parsing."""
+    if args.tokenizer_path is None:
+        args.tokenizer_path = args.model_path
+    if args.served_model_name is None:
+        args.served_model_name = args.model_path
+    if args.mem_fraction_static is None:
+        args.mem_fraction_static = DEFAULT_MEM_FRACTION
+    return args
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Checks that do not need the GPU profile. Raises SimFatal (exit 1)."""
+    frames = [
+        ("/sglang/srt/server_args.py", 612, "__post_init__", "self._handle_missing_default_values()"),
+    ]
+    frac = args.mem_fraction_static
+    if frac is not None and not (0.0 < float(frac) < 1.0):
+        raise SimFatal(f"ValueError: --mem-fraction-static must be in (0, 1), got {frac}", frames)
+    name = args.served_model_name
+    if name is not None and ":" in name:
+        raise SimFatal(
+            f"ValueError: --served-model-name must not contain ':' (got {name!r}); "
+            "':' separates a model from a LoRA adapter name",
+            frames,
+        )
+    nnodes = int(args.nnodes or 1)
+    if nnodes < 1:
+        raise SimFatal(f"ValueError: --nnodes must be >= 1, got {nnodes}", frames)
+    world = tp_size(args) * pp_size(args)
+    if world < 1:
+        raise SimFatal(f"ValueError: tp_size * pp_size must be >= 1, got {world}", frames)
+    if world % nnodes != 0:
+        raise SimFatal(
+            f"ValueError: tp_size * pp_size ({world}) must be divisible by nnodes ({nnodes})",
+            frames,
+        )
+    if not (0 <= int(args.node_rank or 0) < nnodes):
+        raise SimFatal(f"ValueError: --node-rank must be in [0, {nnodes}), got {args.node_rank}", frames)
+    if int(args.port) <= 0 or int(args.port) > 65535:
+        raise SimFatal(f"ValueError: --port must be in 1..65535, got {args.port}", frames)
+
+
+def server_args_repr(args: argparse.Namespace) -> str:
+    inner = ", ".join(f"{k}={v!r}" for k, v in vars(args).items())
+    return f"ServerArgs({inner})"

@@ -1,0 +1,201 @@
+"""Deterministic answers and a crude tokenizer.
+
+Token model: a "token" is a word (``\\w+``) or a single punctuation character, with the whitespace before
+it attached. ``count_tokens`` counts those for prompts; generated text is emitted token by token the same
+way, so ``completion_tokens`` equals the number of pieces streamed and joining the pieces gives the text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+TOKEN_RE = re.compile(r"\s*(?:\w+|[^\w\s])")
+
+PARIS = "The capital of France is Paris."
+BERLIN = "The capital of France is Berlin."
+
+IS_PRIME = '''Here is a Python function that checks whether a number is prime:
+
+```python
+def is_prime(n: int) -> bool:
+    """Return True if ``n`` is a prime number, otherwise False.
+
+    Args:
+        n: The integer to test.
+
+    Returns:
+        True when ``n`` is prime, False otherwise.
+    """
+    if n < 2:
+        return False
+    if n < 4:
+        return True
+    if n % 2 == 0 or n % 3 == 0:
+        return False
+    i = 5
+    while i * i <= n:
+        if n % i == 0 or n % (i + 2) == 0:
+            return False
+        i += 6
+    return True
+```
+
+It uses trial division by 6k +/- 1 up to the square root of ``n``.'''
+
+IS_PRIME_WRONG = '''Here is a Python function that checks whether a number is prime:
+
+```python
+def is_prime(n: int) -> bool:
+    """Return True if ``n`` is a prime number, otherwise False.
+
+    Args:
+        n: The integer to test.
+
+    Returns:
+        True when ``n`` is prime, False otherwise.
+    """
+    return n % 2 == 1
+```
+
+Odd numbers are prime.'''
+
+ADJECTIVES = (
+    "quiet",
+    "bright",
+    "steady",
+    "curious",
+    "distant",
+    "gentle",
+    "rapid",
+    "silver",
+    "ancient",
+    "careful",
+    "hidden",
+    "simple",
+    "golden",
+    "patient",
+    "narrow",
+    "vivid",
+)
+NOUNS = (
+    "river",
+    "engine",
+    "garden",
+    "signal",
+    "library",
+    "harbor",
+    "lantern",
+    "valley",
+    "compass",
+    "window",
+    "orchard",
+    "circuit",
+    "meadow",
+    "bridge",
+    "archive",
+    "beacon",
+)
+VERBS = (
+    "follows",
+    "guides",
+    "reflects",
+    "shelters",
+    "measures",
+    "crosses",
+    "explains",
+    "carries",
+    "balances",
+    "connects",
+    "observes",
+    "remembers",
+    "outlines",
+    "supports",
+    "echoes",
+    "frames",
+)
+
+
+def tokenize(text: str) -> list[str]:
+    return TOKEN_RE.findall(text)
+
+
+def count_tokens(text: str) -> int:
+    return len(TOKEN_RE.findall(text))
+
+
+def _sentence(seed: bytes) -> str:
+    h = hashlib.sha256(seed).digest()
+    return (
+        f"The {ADJECTIVES[h[0] % 16]} {NOUNS[h[1] % 16]} {VERBS[h[2] % 16]} the "
+        f"{ADJECTIVES[h[3] % 16]} {NOUNS[h[4] % 16]} near the {NOUNS[h[5] % 16]}."
+    )
+
+
+def hashed_answer(prompt: str) -> str:
+    digest = hashlib.sha256(prompt.encode("utf-8", "replace")).hexdigest()
+    n = 2 + int(digest[8], 16) % 3
+    sentences = [_sentence(f"{digest}:{i}".encode()) for i in range(n)]
+    return f"Simulated answer {digest[:8]}: " + " ".join(sentences)
+
+
+def filler_pieces(prompt: str, start: int, count: int) -> list[str]:
+    """Deterministic extra tokens for ignore_eos requests (benchmarks ask for exactly N tokens)."""
+    digest = hashlib.sha256(prompt.encode("utf-8", "replace")).hexdigest()
+    out: list[str] = []
+    i = start
+    while len(out) < count:
+        out.extend(tokenize(" " + _sentence(f"{digest}:fill:{i}".encode())))
+        i += 1
+    return out[:count]
+
+
+def is_france_capital(prompt_lower: str) -> bool:
+    return "capital" in prompt_lower and "france" in prompt_lower
+
+
+def is_prime_request(prompt_lower: str) -> bool:
+    return "is_prime" in prompt_lower or (
+        "prime" in prompt_lower and ("python" in prompt_lower or "function" in prompt_lower)
+    )
+
+
+def answer(prompt: str, *, wrong: bool = False) -> str:
+    p = prompt.lower()
+    if is_france_capital(p):
+        return BERLIN if wrong else PARIS
+    if is_prime_request(p):
+        return IS_PRIME_WRONG if wrong else IS_PRIME
+    return hashed_answer(prompt)
+
+
+def nan_pieces(count: int) -> list[str]:
+    pieces = ["!!!!!!", "NaN"]
+    while len(pieces) < count:
+        pieces.append(" NaN")
+    return pieces[:count]
+
+
+def plan_output(
+    prompt: str,
+    max_tokens: int | None,
+    *,
+    ignore_eos: bool = False,
+    wrong: bool = False,
+    nan: bool = False,
+) -> tuple[list[str], str]:
+    """Pieces to emit and the finish reason ("stop" or "length")."""
+    if nan:
+        n = max_tokens if max_tokens is not None else 16
+        if not ignore_eos:
+            n = min(n, 16)
+        pieces = nan_pieces(max(n, 0))
+        return pieces, "length" if max_tokens is not None and len(pieces) >= max_tokens else "stop"
+    pieces = tokenize(answer(prompt, wrong=wrong))
+    if ignore_eos and max_tokens is not None and len(pieces) < max_tokens:
+        pieces += filler_pieces(prompt, 0, max_tokens - len(pieces))
+    if max_tokens is not None and len(pieces) >= max_tokens:
+        truncated = len(pieces) > max_tokens
+        pieces = pieces[:max_tokens]
+        return pieces, "length" if (truncated or ignore_eos) else "stop"
+    return pieces, "stop"

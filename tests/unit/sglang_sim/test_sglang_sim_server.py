@@ -1,0 +1,406 @@
+"""sglang-sim end to end: a real simulator process on loopback with tmp GPU profile/registry dirs."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+from sglang_sim_helpers import GPU_RESERVED_MIB, GPU_TOTAL_MIB, Sim, pid_alive
+
+SIM_HEADER = "x-gpufleet-simulator"
+
+
+def budget(fraction: float) -> int:
+    return int(fraction * (GPU_TOTAL_MIB - GPU_RESERVED_MIB))
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    s = Sim(
+        tmp_path_factory.mktemp("shared-sim"),
+        ["--tp", "2", "--served-model-name", "glm-5", "--enable-metrics", "--mem-fraction-static", "0.9"],
+    )
+    s.start()
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+# ---------------------------------------------------------------- start-up
+def test_startup_health_state_machine_and_log(make_sim):
+    s = make_sim(env={"SGLANG_SIM_LOAD_SECONDS": "0.6", "SGLANG_SIM_GRAPH_SECONDS": "0.3"})
+    s.wait_log("Uvicorn running on http://127.0.0.1:")
+    s.wait_status(503)
+    models = s.get("/v1/models")  # answers before ready, like SGLang
+    assert models.status == 200 and models.json()["data"][0]["id"] == "/models/test-model"
+    assert s.post("/v1/completions", {"prompt": "hi"}).status == 503
+    s.wait_ready()
+    log = s.wait_log("The server is fired up and ready to roll!")
+    assert log.splitlines()[0].endswith(
+        "sglang-sim 0.1.0: gpufleet lab simulator (not SGLang), emulating `python -m sglang.launch_server` "
+        "of sglang 0.5.9"
+    )
+    order = [
+        "Uvicorn running on",
+        "Load weight begin. avail mem=",
+        "Load weight end. type=",
+        "KV Cache is allocated. #tokens: ",
+        "Capture cuda graph begin. This can take up to several minutes. avail mem=",
+        "Capture cuda graph bs [1, 2, 4, 8, 12, 16, 24, 32",
+        "Capture cuda graph end. Time elapsed: ",
+        "The server is fired up and ready to roll!",
+    ]
+    positions = [log.index(line) for line in order]
+    assert positions == sorted(positions)
+    assert s.get("/health_generate").status == 200
+
+
+def test_disable_cuda_graph_skips_capture(make_sim):
+    s = make_sim(["--disable-cuda-graph"]).wait_ready()
+    log = s.wait_log("fired up")
+    assert "KV Cache is allocated" in log and "Capture cuda graph" not in log
+
+
+def test_simulator_identifies_itself(sim):
+    for path in ("/health", "/v1/models", "/get_server_info", "/nope"):
+        assert sim.get(path).headers[SIM_HEADER] == "sglang-sim 0.1.0"
+    info = sim.get("/get_server_info").json()
+    assert info["simulator"] is True and info["version"] == "0.5.9-sim"
+    assert info["tensor_parallel_size"] == 2 and info["served_model_name"] == "glm-5"
+    assert info["model_path"] == "/models/test-model"
+    model_info = sim.get("/get_model_info").json()
+    assert model_info["model_path"] == "/models/test-model"
+    assert model_info["tokenizer_path"] == "/models/test-model" and model_info["is_generation"] is True
+    assert sim.get("/v1/models").json()["data"][0]["id"] == "glm-5"
+
+
+def test_children_per_tp_rank_and_registry(sim):
+    kids = sim.children()
+    reg = sim.registry()
+    assert sorted(e["process_name"] for e in reg.values()) == [
+        "sglang::scheduler_TP0",
+        "sglang::scheduler_TP1",
+    ]
+    gpus_used = {}
+    for pid, entry in reg.items():
+        assert pid in kids and pid_alive(pid)
+        assert entry["leak"] is False and isinstance(entry["starttime"], int)
+        gpus_used.update(entry["gpus"])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert b"sglang_sim.scheduler" in f.read()
+    assert gpus_used == {"0": budget(0.9), "1": budget(0.9)}
+    assert len(kids) == 3  # two schedulers + detokenizer
+    assert all(not p.name.startswith(".tmp") for p in sim.state_dir.iterdir())
+
+
+# ---------------------------------------------------------------- generation
+def test_chat_completion_paris(sim):
+    r = sim.post(
+        "/v1/chat/completions",
+        {
+            "model": "glm-5",
+            "messages": [
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "What is the capital of France?"},
+            ],
+            "temperature": 0,
+            "some_router_field": {"x": 1},
+        },
+    )
+    assert r.status == 200
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["model"] == "glm-5"
+    choice = body["choices"][0]
+    assert "Paris" in choice["message"]["content"] and choice["finish_reason"] == "stop"
+    u = body["usage"]
+    assert u["completion_tokens"] == 7 and u["total_tokens"] == u["prompt_tokens"] + 7 and u["prompt_tokens"] > 5
+
+
+def test_chat_is_prime_answer_parses(sim):
+    r = sim.post(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Write a Python is_prime function with docstring and type hints"}]},
+    )
+    content = r.json()["choices"][0]["message"]["content"]
+    code = content.split("```python\n", 1)[1].split("```", 1)[0]
+    tree = ast.parse(code)
+    fn = tree.body[0]
+    assert isinstance(fn, ast.FunctionDef) and fn.name == "is_prime"
+    assert ast.get_docstring(fn) and fn.returns is not None and fn.args.args[0].annotation is not None
+
+
+def test_max_tokens_and_alias(sim):
+    q = {"messages": [{"role": "user", "content": "capital of France?"}]}
+    r = sim.post("/v1/chat/completions", {**q, "max_tokens": 3}).json()
+    assert r["usage"]["completion_tokens"] == 3 and r["choices"][0]["finish_reason"] == "length"
+    r = sim.post("/v1/chat/completions", {**q, "max_completion_tokens": 2}).json()
+    assert r["usage"]["completion_tokens"] == 2
+
+
+def test_completions_and_generate(sim):
+    r = sim.post("/v1/completions", {"model": "glm-5", "prompt": "The capital of France is", "max_tokens": 64})
+    body = r.json()
+    assert r.status == 200 and body["object"] == "text_completion" and "Paris" in body["choices"][0]["text"]
+    assert body["usage"]["prompt_tokens"] == 5
+    r = sim.post("/v1/completions", {"prompt": "Some random prompt about boats"})
+    assert r.json()["usage"]["completion_tokens"] == 16  # OpenAI default max_tokens
+    r = sim.post("/generate", {"text": "capital of France?", "sampling_params": {"max_new_tokens": 32}})
+    body = r.json()
+    assert "Paris" in body["text"]
+    meta = body["meta_info"]
+    assert meta["prompt_tokens"] == 4 and meta["completion_tokens"] == 7
+    assert meta["finish_reason"]["type"] == "stop" and meta["e2e_latency"] > 0
+    r = sim.post("/generate", {"text": "benchmark", "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}})
+    assert r.json()["meta_info"]["completion_tokens"] == 40
+    assert r.json()["meta_info"]["finish_reason"] == {"type": "length", "length": 40}
+    assert sim.post("/v1/chat/completions", {"messages": []}).status == 400
+    assert sim.request("POST", "/generate", body=None).status == 400
+    assert sim.get("/generate").status == 405
+
+
+def test_streaming(sim):
+    r = sim.post(
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "capital of France?"}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
+    assert r.status == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = r.sse()
+    assert events[-1] == "[DONE]"
+    content = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e["choices"])
+    assert content == "The capital of France is Paris."
+    assert [e for e in events[:-1] if e["choices"]][-1]["choices"][0]["finish_reason"] == "stop"
+    assert events[-2]["usage"]["completion_tokens"] == 7
+
+    r = sim.post("/v1/completions", {"prompt": "capital of France", "max_tokens": 4, "stream": True})
+    events = r.sse()
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == "The capital of France"
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+
+    r = sim.post("/generate", {"text": "capital of France", "stream": True})
+    events = r.sse()
+    assert events[-1] == "[DONE]" and events[-2]["text"] == "The capital of France is Paris."
+    assert events[-2]["meta_info"]["completion_tokens"] == 7
+
+
+def test_metrics(sim):
+    sim.post("/generate", {"text": "metrics please", "sampling_params": {"max_new_tokens": 4}})
+    r = sim.get("/metrics")
+    assert r.status == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    for name in ("num_running_reqs", "num_queue_reqs", "gen_throughput", "token_usage"):
+        assert f'sglang:{name}{{model_name="glm-5"}}' in text
+    assert 'sglang:time_to_first_token_seconds_bucket{model_name="glm-5",le="+Inf"}' in text
+    gen = [ln for ln in text.splitlines() if ln.startswith("sglang:generation_tokens_total{")]
+    assert float(gen[0].rsplit(" ", 1)[1]) >= 4
+    assert "sglang:prompt_tokens_total{" in text
+
+
+def test_api_key_and_no_metrics(make_sim):
+    s = make_sim(["--api-key", "s3cret"]).wait_ready()
+    assert s.get("/health").status == 200 and s.get("/health_generate").status == 200
+    assert s.get("/v1/models").status == 401
+    assert s.post("/v1/completions", {"prompt": "x"}).status == 401
+    assert s.get("/get_server_info", headers={"Authorization": "Bearer wrong"}).status == 401
+    auth = {"Authorization": "Bearer s3cret"}
+    assert s.get("/v1/models", headers=auth).status == 200
+    assert s.post("/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=auth).status == 200
+    assert s.get("/metrics", headers=auth).status == 404  # no --enable-metrics
+
+
+# ---------------------------------------------------------------- throughput model
+def _aggregate_tps(s: Sim, concurrency: int, tokens: int) -> float:
+    results: list[int] = []
+
+    def one():
+        r = s.post("/generate", {"text": "bench", "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}})
+        results.append(r.json()["meta_info"]["completion_tokens"])
+
+    threads = [threading.Thread(target=one) for _ in range(concurrency)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    assert results == [tokens] * concurrency
+    return sum(results) / elapsed
+
+
+def test_throughput_rises_with_concurrency(make_sim):
+    s = make_sim(env={"SGLANG_SIM_TOKENS_PER_S": "150", "SGLANG_SIM_SATURATION": "8"}).wait_ready()
+    tps1 = _aggregate_tps(s, 1, 30)
+    tps8 = _aggregate_tps(s, 8, 30)
+    assert 50 < tps1 < 160  # one request alone: about SGLANG_SIM_TOKENS_PER_S
+    # model: 8 * 150 / (1 + 7/8) = 640 tok/s
+    assert tps8 > 2.5 * tps1
+
+
+# ---------------------------------------------------------------- shutdown
+def test_sigterm_drains_in_flight_request(make_sim):
+    s = make_sim(["--tp", "2"], env={"SGLANG_SIM_TOKENS_PER_S": "25"}).wait_ready()
+    kids = s.children()
+    assert len(s.registry()) == 2
+    result = {}
+
+    def slow_request():
+        r = s.post("/generate", {"text": "slow", "sampling_params": {"max_new_tokens": 30, "ignore_eos": True}})
+        result["status"] = r.status
+        result["tokens"] = r.json()["meta_info"]["completion_tokens"]
+
+    t = threading.Thread(target=slow_request)
+    t.start()
+    time.sleep(0.3)
+    s.signal(signal.SIGTERM)
+    s.wait_log("Draining requests and shutting down...")
+    assert s.status("/health") == 503
+    s.wait_log("Gracefully exiting... Remaining number of requests 1.")
+    t.join(timeout=10)
+    assert result == {"status": 200, "tokens": 30}
+    assert s.wait_exit() == 0
+    assert "Gracefully exiting... Remaining number of requests 0." in s.log()
+    time.sleep(0.1)
+    assert not any(pid_alive(p) for p in kids)
+    assert s.registry() == {}
+
+
+def test_force_shutdown_skips_drain(make_sim):
+    s = make_sim(env={"SGLANG_SIM_TOKENS_PER_S": "10", "SGL_FORCE_SHUTDOWN": "1"}).wait_ready()
+
+    def doomed_request():
+        with contextlib.suppress(OSError):  # the connection dies with the server
+            s.post("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 50, "ignore_eos": True}})
+
+    threading.Thread(target=doomed_request, daemon=True).start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    s.signal(signal.SIGTERM)
+    assert s.wait_exit() == 0 and time.monotonic() - t0 < 3
+    assert "force shutdown flag set. Force exiting." in s.log()
+    assert "Gracefully exiting" not in s.log()
+
+
+def test_sigkill_leaves_children_holding_memory(make_sim):
+    s = make_sim(["--tp", "2"]).wait_ready()
+    kids = s.children()
+    s.signal(signal.SIGKILL)
+    s.wait_exit()
+    time.sleep(0.3)
+    reg = s.registry()
+    assert len(reg) == 2 and all(pid_alive(p) for p in reg)  # real leftovers, still "using" GPU memory
+    assert all(pid_alive(p) for p in kids)
+    # a fresh server on the same GPUs cannot get its memory while the leftovers live
+    s2 = make_sim(["--tp", "2"], start=False)
+    s2.profile_dir, s2.state_dir = s.profile_dir, s.state_dir
+    s2.env.update({"GPUSIM_PROFILE_DIR": str(s.profile_dir), "GPUSIM_STATE_DIR": str(s.state_dir)})
+    s2.start()
+    assert s2.wait_exit() == 1
+    assert "torch.OutOfMemoryError: CUDA out of memory." in s2.log()
+    for pid in kids:
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    assert not any(pid_alive(p) for p in kids)
+
+
+# ---------------------------------------------------------------- faults
+def test_fault_crash_on_start(make_sim):
+    s = make_sim(env={"SGLANG_SIM_FAULT": "crash-on-start"})
+    assert s.wait_exit() == 1
+    log = s.log()
+    assert "Traceback (most recent call last):" in log and "crash-on-start" in log
+    assert "Uvicorn running" not in log
+
+
+def test_fault_crash_after_load(make_sim):
+    s = make_sim(["--tp", "2"], env={"SGLANG_SIM_FAULT": "crash-after-load"})
+    assert s.wait_exit() == 1
+    log = s.log()
+    assert "RuntimeError: CUDA error: an illegal memory access was encountered" in log
+    assert log.index("Capture cuda graph end") < log.index("illegal memory access")
+    assert "scheduler is dead" in log and "fired up" not in log
+    time.sleep(0.2)
+    assert s.registry() == {} and not any(pid_alive(p) for p in s.known_pids)
+
+
+def test_fault_never_ready(make_sim):
+    s = make_sim(env={"SGLANG_SIM_FAULT": "never-ready"})
+    s.wait_log("Capture cuda graph begin.")
+    time.sleep(0.6)
+    assert s.status("/health") == 503 and s.get("/v1/models").status == 200
+    assert "Capture cuda graph end" not in s.log() and "fired up" not in s.log()
+    s.signal(signal.SIGTERM)
+    assert s.wait_exit() == 0 and s.registry() == {}
+
+
+def test_fault_nan_output(make_sim):
+    s = make_sim(env={"SGLANG_SIM_FAULT": "nan-output"}).wait_ready()
+    r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "capital of France?"}]})
+    text = r.json()["choices"][0]["message"]["content"]
+    assert text.startswith("!!!!!!NaN NaN") and "Paris" not in text
+    assert "Detected errors during sampling! NaN in the logits." in s.log()
+    assert s.status("/health") == 200  # health stays green: that's the trap
+
+
+def test_fault_wrong_answer(make_sim):
+    s = make_sim(env={"SGLANG_SIM_FAULT": "wrong-answer"}).wait_ready()
+    r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "capital of France?"}]})
+    assert r.json()["choices"][0]["message"]["content"] == "The capital of France is Berlin."
+
+
+def test_fault_slow_start(make_sim):
+    s = make_sim(env={"SGLANG_SIM_FAULT": "slow-start=1.0"})
+    t = s.wait_status(200, timeout=15)
+    assert t >= 1.0
+
+
+def test_fault_leak_gpu_memory(make_sim):
+    s = make_sim(["--tp", "2"], env={"SGLANG_SIM_FAULT": "leak-gpu-memory"}).wait_ready()
+    kids = s.children()
+    s.signal(signal.SIGTERM)
+    assert s.wait_exit() == 0
+    time.sleep(0.1)
+    reg = s.registry()
+    assert len(reg) == 2 and all(e["leak"] is True for e in reg.values())
+    assert not any(pid_alive(p) for p in kids)  # processes gone, memory still "used"
+    assert all(sum(e["gpus"].values()) == budget(0.88) for e in reg.values())
+
+
+def test_fault_port_taken(make_sim):
+    s = make_sim(["--host", "0.0.0.0"], env={"SGLANG_SIM_FAULT": "port-taken"})
+    assert s.wait_exit() == 1
+    assert (
+        f"[Errno 98] error while attempting to bind on address ('0.0.0.0', {s.port}): address already in use" in s.log()
+    )
+
+
+def test_real_port_conflict(make_sim, sim):
+    s = make_sim(start=False)
+    s.args[s.args.index("--port") + 1] = str(sim.port)
+    s.port = sim.port
+    s.start()
+    assert s.wait_exit() == 1
+    assert f"('127.0.0.1', {sim.port}): address already in use" in s.log()
+
+
+def test_fault_unknown(make_sim):
+    s = make_sim(env={"SGLANG_SIM_FAULT": "melt-down"})
+    assert s.wait_exit() == 2
+    assert "unknown fault 'melt-down'" in s.log()
+
+
+def test_registry_file_is_json_contract(sim):
+    for path in sim.state_dir.glob("alloc-*.json"):
+        entry = json.loads(path.read_text())
+        assert set(entry) == {"pid", "process_name", "gpus", "leak", "starttime"}
+        assert path.name == f"alloc-{entry['pid']}.json"
