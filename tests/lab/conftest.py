@@ -25,9 +25,7 @@ def lab(*args: str, check: bool = True) -> subprocess.CompletedProcess:
         timeout=600,
     )
     if check and proc.returncode != 0:
-        pytest.fail(
-            f"gpufleet_lab {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-        )
+        pytest.fail(f"gpufleet_lab {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 

@@ -102,10 +102,7 @@ def test_recovers_from_killed_processes(four_hosts):
     os.kill(victim["nspawn_pid"], 9)
     again = lab_json("--name", NAME, "up", "--hosts", "4")
     assert again["started"] == [f"{NAME}-02"]
-    assert (
-        lab("--name", NAME, "exec", f"{NAME}-02", "--", "ps", "-p", "1", "-o", "comm=").stdout.strip()
-        == "systemd"
-    )
+    assert lab("--name", NAME, "exec", f"{NAME}-02", "--", "ps", "-p", "1", "-o", "comm=").stdout.strip() == "systemd"
 
 
 def test_a_second_lab_runs_beside_the_first_and_refuses_a_taken_subnet(four_hosts):
