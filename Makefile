@@ -61,9 +61,11 @@ unit:
 	pytest tests/unit
 
 lab-tests:
+	python -m gpufleet_lab prune
 	pytest tests/lab
 
 molecule:
+	python -m gpufleet_lab prune
 	.venv/bin/python tools/run_molecule.py $(SCENARIO)
 
 bench-lab: setup
