@@ -55,10 +55,7 @@ def parse_variant(text):
     spec = spec.strip()
     if not spec:
         return name, {}
-    if spec.startswith("{"):
-        env = json.loads(spec)
-    else:
-        env = dict(item.split("=", 1) for item in spec.split(",") if item)
+    env = json.loads(spec) if spec.startswith("{") else dict(i.split("=", 1) for i in spec.split(",") if i)
     return name, {str(k): (None if v is None else str(v)) for k, v in env.items()}
 
 
