@@ -23,8 +23,9 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT / "lab"))
 
 
 def lab(*args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "gpufleet_lab", *args], env=ENV, capture_output=True, text=True,
-                         check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "gpufleet_lab", *args], env=ENV, capture_output=True, text=True, check=False
+    )
     if out.returncode != 0:
         raise SystemExit(f"gpufleet_lab {' '.join(args)} failed:\n{out.stderr}")
     return json.loads(out.stdout) if "--json" in args else {}
@@ -42,8 +43,12 @@ def bring_up(hosts: int, repeats: int) -> dict:
         started = time.monotonic()
         lab("--name", name, "down")
         down = time.monotonic() - started
-    return {"hosts": hosts, "up_seconds": [round(s, 2) for s in samples], "up_best": round(min(samples), 2),
-            "down_seconds_last": round(down, 2)}
+    return {
+        "hosts": hosts,
+        "up_seconds": [round(s, 2) for s in samples],
+        "up_best": round(min(samples), 2),
+        "down_seconds_last": round(down, 2),
+    }
 
 
 def main() -> int:
@@ -60,12 +65,15 @@ def main() -> int:
     }
     if not args.skip_make_test:
         started = time.monotonic()
-        rc = subprocess.run(["make", "test"], cwd=ROOT, check=False, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL).returncode
+        rc = subprocess.run(
+            ["make", "test"], cwd=ROOT, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ).returncode
         result["make_test"] = {"seconds": round(time.monotonic() - started, 1), "exit_code": rc}
     for row in result["bring_up"]:
-        print(f"lab up, {row['hosts']} hosts from the cached base: best {row['up_best']} s "
-              f"(runs: {row['up_seconds']}), down {row['down_seconds_last']} s")
+        print(
+            f"lab up, {row['hosts']} hosts from the cached base: best {row['up_best']} s "
+            f"(runs: {row['up_seconds']}), down {row['down_seconds_last']} s"
+        )
     if "make_test" in result:
         print(f"make test: {result['make_test']['seconds']} s (exit {result['make_test']['exit_code']})")
     out = ROOT / "benchmarks" / "results" / "lab.json"

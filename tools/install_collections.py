@@ -75,16 +75,12 @@ def install_from_pypi(missing: list[dict], dest: Path, cache: Path, galaxy: str)
                 check=True,
                 stdout=subprocess.DEVNULL,
             )
-            print(
-                f"installed {req['name']} {bundled} from the PyPI ansible {ANSIBLE_DISTRIBUTION} distribution"
-            )
+            print(f"installed {req['name']} {bundled} from the PyPI ansible {ANSIBLE_DISTRIBUTION} distribution")
 
 
 def main() -> int:
     root = Path(__file__).resolve().parents[1]
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", choices=["pypi", "galaxy"], default="pypi")
     parser.add_argument("--requirements", type=Path, default=root / "requirements.yml")
     parser.add_argument("--dest", type=Path, default=root / "collections")

@@ -39,8 +39,7 @@ def main(argv: list[str]) -> int:
         unknown = wanted - {label(*s) for s in scenarios}
         if unknown:
             print(
-                f"unknown scenarios: {', '.join(sorted(unknown))}; known: "
-                f"{', '.join(label(*s) for s in discover())}",
+                f"unknown scenarios: {', '.join(sorted(unknown))}; known: {', '.join(label(*s) for s in discover())}",
                 file=sys.stderr,
             )
             return 2

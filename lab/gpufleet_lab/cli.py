@@ -70,12 +70,9 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     up.add_argument(
         "--profile",
         default=DEFAULT_PROFILE,
-        help="GPU profile, or a comma-separated list, one per host (the last repeats); "
-        f"default {DEFAULT_PROFILE}",
+        help=f"GPU profile, or a comma-separated list, one per host (the last repeats); default {DEFAULT_PROFILE}",
     )
-    up.add_argument(
-        "--host-names", default=None, help="comma-separated host names (default <lab>-01, <lab>-02, ...)"
-    )
+    up.add_argument("--host-names", default=None, help="comma-separated host names (default <lab>-01, <lab>-02, ...)")
     up.add_argument("--mirror", default=os.environ.get("LAB_MIRROR", DEFAULT_MIRROR))
     up.add_argument("--inventory", type=Path, default=None, help="where to write the Ansible inventory")
     up.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -155,9 +155,7 @@ class Lab:
         # Other labs: a stable /24 in 10.200-10.254 derived from the name, moved on if taken.
         seed = int(short_id(self.name), 16)
         for attempt in range(64):
-            candidate = ipaddress.ip_network(
-                f"10.{200 + (seed + attempt) % 55}.{(seed // 55 + attempt) % 256}.0/24"
-            )
+            candidate = ipaddress.ip_network(f"10.{200 + (seed + attempt) % 55}.{(seed // 55 + attempt) % 256}.0/24")
             if network.subnet_is_free(candidate, self.bridge):
                 return str(candidate)
         raise LabError("no free /24 found for the lab in 10.200.0.0-10.254.255.0: pass --subnet")
@@ -228,9 +226,7 @@ class Lab:
         (root / "etc/ssh/sshd_config.d").mkdir(exist_ok=True)
         (root / "etc/ssh/sshd_config.d/gpufleet-lab.conf").write_text("HostKey /etc/ssh/ssh_host_ed25519_key\n")
         install_equipment(root, profile)
-        network.create_host_link(
-            record["netns"], record["veth"], self.bridge, f"{address}/{subnet.prefixlen}", gateway
-        )
+        network.create_host_link(record["netns"], record["veth"], self.bridge, f"{address}/{subnet.prefixlen}", gateway)
         log = open(hdir / "nspawn.log", "ab")  # noqa: SIM115 - handed to the long-lived child
         proc = subprocess.Popen(
             [
@@ -318,9 +314,7 @@ class Lab:
             if state in ("running", "degraded") and _port_open(record["address"], 22):
                 return
             time.sleep(0.1)
-        raise LabError(
-            f"{record['name']}: not ready after {READY_TIMEOUT:.0f} s (is-system-running: {state})"
-        )
+        raise LabError(f"{record['name']}: not ready after {READY_TIMEOUT:.0f} s (is-system-running: {state})")
 
     # ----- down ----------------------------------------------------------------------------------
     def _destroy_host(self, record: dict) -> None:
@@ -404,9 +398,7 @@ class Lab:
     def record(self, host: str) -> dict:
         state = self.load()
         if host not in state.get("hosts", {}):
-            raise LabError(
-                f"no host {host!r} in lab {self.name!r} (hosts: {', '.join(state.get('hosts', {}))})"
-            )
+            raise LabError(f"no host {host!r} in lab {self.name!r} (hosts: {', '.join(state.get('hosts', {}))})")
         return state["hosts"][host]
 
 

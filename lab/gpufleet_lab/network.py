@@ -56,12 +56,7 @@ def ensure_bridge(bridge: str, gateway_cidr: str) -> bool:
         run(["ip", "link", "add", bridge, "type", "bridge"])
         changed = True
     addrs = json.loads(run(["ip", "-j", "addr", "show", "dev", bridge]).stdout)
-    have = {
-        f"{a['local']}/{a['prefixlen']}"
-        for i in addrs
-        for a in i.get("addr_info", [])
-        if a["family"] == "inet"
-    }
+    have = {f"{a['local']}/{a['prefixlen']}" for i in addrs for a in i.get("addr_info", []) if a["family"] == "inet"}
     if gateway_cidr not in have:
         run(["ip", "addr", "add", gateway_cidr, "dev", bridge])
         changed = True

@@ -15,9 +15,7 @@ class LabError(RuntimeError):
     """A lab operation failed; the message says what, where and how to fix it."""
 
 
-def run(
-    cmd: Sequence[str], *, check: bool = True, input_text: str | None = None
-) -> subprocess.CompletedProcess:
+def run(cmd: Sequence[str], *, check: bool = True, input_text: str | None = None) -> subprocess.CompletedProcess:
     """Run a command, capturing output; raise LabError naming the command on failure."""
     proc = subprocess.run(list(cmd), capture_output=True, text=True, input=input_text, check=False)
     if check and proc.returncode != 0:
@@ -45,9 +43,7 @@ def require_prerequisites() -> None:
     if "overlay" not in filesystems:
         proc = run(["modprobe", "overlay"], check=False)
         if proc.returncode != 0 or "overlay" not in Path("/proc/filesystems").read_text():
-            raise LabError(
-                "this kernel has no overlayfs (not in /proc/filesystems and modprobe overlay failed)"
-            )
+            raise LabError("this kernel has no overlayfs (not in /proc/filesystems and modprobe overlay failed)")
 
 
 def proc_starttime(pid: int) -> int | None:

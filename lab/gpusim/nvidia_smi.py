@@ -242,9 +242,7 @@ def load_allocations(state_dir, gpu_indices, prune=True):
 
 def reset_registry(state_dir):
     removed = 0
-    for path in glob.glob(os.path.join(state_dir, "alloc-*.json")) + glob.glob(
-        os.path.join(state_dir, ".tmp-alloc-*")
-    ):
+    for path in glob.glob(os.path.join(state_dir, "alloc-*.json")) + glob.glob(os.path.join(state_dir, ".tmp-alloc-*")):
         try:
             os.unlink(path)
             removed += 1
@@ -342,15 +340,9 @@ def render_table(machine, gpus):
     out.append(f"| NVIDIA-SMI {drv:<23}Driver Version: {drv:<15}CUDA Version: {p['cuda_version']:<9}|\n")
     # Before the 580 drivers this rule started with '|' (and still ended with '+').
     out.append(("|" + cols[1:]) if old_style else cols)
-    out.append(
-        "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |\n"
-    )
-    out.append(
-        "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |\n"
-    )
-    out.append(
-        "|                                         |                        |               MIG M. |\n"
-    )
+    out.append("| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |\n")
+    out.append("| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |\n")
+    out.append("|                                         |                        |               MIG M. |\n")
     out.append("|" + "=" * 41 + "+" + "=" * 24 + "+" + "=" * 22 + "|\n")
     for gpu in gpus:
         pm = _on_off(gpu.get("persistence_mode", "Enabled"))
@@ -378,12 +370,8 @@ def render_table(machine, gpus):
     out.append((" " * 89 + "\n") if old_style else "\n")
     out.append(bar)
     out.append("| Processes:" + " " * 78 + "|\n")
-    out.append(
-        "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |\n"
-    )
-    out.append(
-        "|        ID   ID                                                               Usage      |\n"
-    )
+    out.append("|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |\n")
+    out.append("|        ID   ID                                                               Usage      |\n")
     out.append("|" + "=" * 89 + "|\n")
     procs = machine.processes({g["index"] for g in gpus})
     if not procs:
@@ -684,9 +672,7 @@ def render_topo(machine, pcie_only):
     if links is None:
         links = p.get("topo_links")
     names = [f"GPU{g['index']}" for g in machine.gpus]
-    out = [
-        "\t" + UNDERLINE + "\t".join(names + ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]) + RESET + "\n"
-    ]
+    out = ["\t" + UNDERLINE + "\t".join(names + ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]) + RESET + "\n"]
     for i, gpu in enumerate(machine.gpus):
         cells = []
         for j in range(n):

@@ -348,9 +348,7 @@ def parse_p2p_matrix(text):
         if not _GPU_NAME_RE.match(row):
             continue
         values = cells_nonempty[1:]
-        status[row] = {
-            col: val for col, val in zip(columns, values, strict=False) if col != row and val != "X"
-        }
+        status[row] = {col: val for col, val in zip(columns, values, strict=False) if col != row and val != "X"}
     if columns is None:
         raise NvidiaSmiParseError("no peer-to-peer header line (GPU columns) found")
     rows_seen = list(status)
@@ -409,11 +407,7 @@ def parse_driver_failure(rc, stdout, stderr):
                 return line.strip()
         return ""
 
-    if (
-        rc == 127
-        or "command not found" in low
-        or ("no such file or directory" in low and "nvidia-smi" in low)
-    ):
+    if rc == 127 or "command not found" in low or ("no such file or directory" in low and "nvidia-smi" in low):
         return "nvidia-smi not found: the NVIDIA driver utilities are not installed (command not found)"
     if "couldn't communicate with the nvidia driver" in low:
         return (

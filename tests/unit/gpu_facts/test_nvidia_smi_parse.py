@@ -132,16 +132,12 @@ def test_query_apps_captures():
             "gpu_uuid": "GPU-2b001742-6c30-a5de-f6d7-8a2f2de0c67d",
         },
     ]
-    nounits = parse_csv_query(
-        capture("busy/query-apps-nounits.csv"), header=False, fields="pid,used_memory,gpu_bus_id"
-    )
+    nounits = parse_csv_query(capture("busy/query-apps-nounits.csv"), header=False, fields="pid,used_memory,gpu_bus_id")
     assert nounits == [
         {"pid": 1939, "used_memory": 41478, "gpu_bus_id": "00000000:00:06.0"},
         {"pid": 1939, "used_memory": 41478, "gpu_bus_id": "00000000:00:07.0"},
     ]
-    gpus = parse_csv_query(
-        capture("busy/query-gpu.csv"), header=False, fields="index,memory.used,memory.total"
-    )
+    gpus = parse_csv_query(capture("busy/query-gpu.csv"), header=False, fields="index,memory.used,memory.total")
     assert [g["memory.used"] for g in gpus] == [41487, 41487]
 
 
@@ -339,9 +335,7 @@ def test_topo_without_header_raises():
 # ----------------------------------------------------------------------------- topo -p2p
 
 
-@pytest.mark.parametrize(
-    ("mode", "expected"), [("r", "OK"), ("w", "OK"), ("n", "OK"), ("a", "OK"), ("p", "NS")]
-)
+@pytest.mark.parametrize(("mode", "expected"), [("r", "OK"), ("w", "OK"), ("n", "OK"), ("a", "OK"), ("p", "NS")])
 def test_p2p_captures(mode, expected):
     p2p = parse_p2p_matrix(p2p_capture(mode))
     assert p2p == {

@@ -76,9 +76,7 @@ def smi(state_dir):
             env["GPUSIM_TIMESTAMP"] = timestamp
         if not replay:
             env["GPUSIM_NO_REPLAY"] = "1"
-        return subprocess.run(
-            [sys.executable, str(SIM), *args], env=env, capture_output=True, text=True, timeout=30
-        )
+        return subprocess.run([sys.executable, str(SIM), *args], env=env, capture_output=True, text=True, timeout=30)
 
     return run
 
@@ -237,10 +235,7 @@ def test_every_profile_parses_with_the_production_parser(smi, profile):
     nounits = smi(profile, f"--query-gpu={ALL_GPU_FIELDS}", "--format=csv,noheader,nounits").stdout
     assert nsp.parse_csv_query(nounits, header=False, fields=ALL_GPU_FIELDS) == rows
 
-    assert (
-        nsp.parse_csv_query(smi(profile, f"--query-compute-apps={QUERY_APPS_FIELDS}", "--format=csv").stdout)
-        == []
-    )
+    assert nsp.parse_csv_query(smi(profile, f"--query-compute-apps={QUERY_APPS_FIELDS}", "--format=csv").stdout) == []
 
     for args, key in ((("topo", "-m"), "topo_links"), (("topo", "-mp"), "topo_links_pcie")):
         topo = nsp.parse_topo_matrix(smi(profile, *args).stdout)
@@ -272,22 +267,11 @@ def test_seed_machine_shape(smi):
     table = smi("rtx-pro-6000x8-vm").stdout
     lines = table.split("\n")
     assert all(len(ln) == 91 for ln in lines[1:] if ln.startswith(("|", "+")))
-    assert lines[2] == (
-        "| NVIDIA-SMI 570.172.08             Driver Version: 570.172.08     CUDA Version: 12.8     |"
-    )
-    assert (
-        lines[3]
-        == "|-----------------------------------------+------------------------+----------------------+"
-    )
-    assert (
-        "|   0  NVIDIA RTX PRO 6000 Blac...    On  |   00000000:01:00.0 Off |                    0 |" in lines
-    )
-    assert (
-        "|   7  NVIDIA RTX PRO 6000 Blac...    On  |   00000000:08:00.0 Off |                    0 |" in lines
-    )
-    assert (
-        "| N/A   27C    P8             28W /  600W |       0MiB /  97887MiB |      0%      Default |" in lines
-    )
+    assert lines[2] == ("| NVIDIA-SMI 570.172.08             Driver Version: 570.172.08     CUDA Version: 12.8     |")
+    assert lines[3] == "|-----------------------------------------+------------------------+----------------------+"
+    assert "|   0  NVIDIA RTX PRO 6000 Blac...    On  |   00000000:01:00.0 Off |                    0 |" in lines
+    assert "|   7  NVIDIA RTX PRO 6000 Blac...    On  |   00000000:08:00.0 Off |                    0 |" in lines
+    assert "| N/A   27C    P8             28W /  600W |       0MiB /  97887MiB |      0%      Default |" in lines
     assert " " * 89 in lines
     topo = nsp.parse_topo_matrix(smi("rtx-pro-6000x8-vm", "topo", "-m").stdout)
     assert {link for row in topo["links"].values() for link in row.values()} == {"PHB"}
@@ -295,9 +279,7 @@ def test_seed_machine_shape(smi):
         p2p = nsp.parse_p2p_matrix(smi("rtx-pro-6000x8-vm", "topo", "-p2p", mode).stdout)
         assert {s for row in p2p["status"].values() for s in row.values()} == {"NS"}
     q = smi("rtx-pro-6000x8-vm", "-q").stdout
-    assert (
-        q.count("    Product Name                                       : NVIDIA RTX PRO 6000 Blackwell") == 8
-    )
+    assert q.count("    Product Name                                       : NVIDIA RTX PRO 6000 Blackwell") == 8
     assert "Attached GPUs                                          : 8\n" in q
     old = smi("old-driver").stdout
     assert "Driver Version: 550.127.05     CUDA Version: 12.4     |" in old
