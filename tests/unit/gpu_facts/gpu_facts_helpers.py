@@ -1,0 +1,96 @@
+"""Shared helpers for the gpu_facts unit tests: command runners over real captures and the lab simulator.
+
+* ``device_raw()``: the exact outputs of the module's commands on a real 2x H200 machine
+  (tests/unit/fixtures/h200-device/module-result.json, ``raw``).
+* ``replay_runner(outputs)``: a ``run(argv)`` that answers the module's commands from a dict.
+* ``sim_runner(profile)``: a ``run(argv)`` that runs the lab's simulated nvidia-smi with a profile.
+* ``facts_for(profile)`` / ``device_facts()``: collected facts, ready for the filters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+FIXTURES = REPO / "tests" / "unit" / "fixtures"
+DEVICE = FIXTURES / "h200-device"
+H200X2 = FIXTURES / "h200x2-vm"
+SIM = REPO / "lab" / "gpusim" / "nvidia_smi.py"
+PROFILES = REPO / "lab" / "gpusim" / "profiles"
+for sub in ("module_utils", "filter_plugins"):
+    path = str(REPO / "roles" / "gpu_facts" / sub)
+    if path not in sys.path:
+        sys.path.insert(0, path)
+BENCH = str(REPO / "benchmarks" / "nccl")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+import allreduce_bw as ab  # noqa: E402,F401  (re-exported for the tests)
+import gpu_facts_collect as gfc  # noqa: E402
+import gpu_facts_filters as gff  # noqa: E402,F401
+
+KVM = {("systemd-detect-virt", "--vm"): (0, "kvm\n", ""), ("systemd-detect-virt", "--container"): (1, "none\n", "")}
+
+
+def no_files(_path):
+    return None
+
+
+def device_result():
+    return json.loads((DEVICE / "module-result.json").read_text())
+
+
+def device_raw():
+    return device_result()["raw"]
+
+
+def replay_runner(outputs, virt=None, calls=None):
+    """``outputs``: key of gpu_facts_collect.commands() -> stdout, or -> (rc, stdout, stderr)."""
+    by_argv = {tuple(argv): key for key, argv in gfc.commands().items()}
+    virt = KVM if virt is None else virt
+
+    def run(argv):
+        if calls is not None:
+            calls.append(list(argv))
+        if tuple(argv) in virt:
+            return virt[tuple(argv)]
+        if argv[0] == "systemd-detect-virt":
+            return 127, "", "not found"
+        key = by_argv.get(tuple(argv))
+        if key is None or key not in outputs:
+            raise AssertionError(f"unexpected command {argv}")
+        value = outputs[key]
+        return value if isinstance(value, tuple) else (0, value, "")
+
+    return run
+
+
+def sim_runner(profile, state_dir="/nonexistent-gpusim-state", virt=None):
+    env = dict(os.environ, GPUSIM_PROFILE_DIR=str(PROFILES / profile), GPUSIM_STATE_DIR=state_dir)
+    virt = KVM if virt is None else virt
+
+    def run(argv):
+        if tuple(argv) in virt:
+            return virt[tuple(argv)]
+        if argv[0] != "nvidia-smi":
+            return 127, "", "not found"
+        proc = subprocess.run(
+            [sys.executable, str(SIM), *argv[1:]], capture_output=True, text=True, env=env, check=False
+        )
+        return proc.returncode, proc.stdout, proc.stderr
+
+    return run
+
+
+def facts_for(profile, **kwargs):
+    facts, _raw = gfc.collect(sim_runner(profile), use_nvml=False, read_text=no_files, **kwargs)
+    return facts
+
+
+def device_facts():
+    facts, _raw = gfc.collect(replay_runner(device_raw()), use_nvml=False, read_text=no_files)
+    return facts

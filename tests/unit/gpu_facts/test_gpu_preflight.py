@@ -1,0 +1,225 @@
+"""gpu_preflight_problems: every refusal names host, fact, variable and fix."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from gpu_facts_helpers import device_facts, facts_for, gff
+
+HOST = "gpu-07"
+
+
+@pytest.fixture(scope="module")
+def rtx():
+    return facts_for("rtx-pro-6000x8-vm")
+
+
+@pytest.fixture(scope="module")
+def old():
+    return facts_for("old-driver")
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return device_facts()
+
+
+def settings(**kw):
+    base = {
+        "host": HOST,
+        "cuda_version": "12.8",
+        "server_args": {"tp": 8},
+        "nnodes": 1,
+        "own_units": ["sglang-server.service"],
+        "idle_memory_mib": 512,
+        "disk_requirements": [],
+        "comm": {},
+    }
+    base.update(kw)
+    return base
+
+
+def check(facts, **kw):
+    return gff.gpu_preflight_problems(facts, settings(**kw))
+
+
+def only(problems, kind="errors"):
+    assert len(problems[kind]) == 1, problems[kind]
+    problem = problems[kind][0]
+    for key in ("host", "check", "message", "fact", "variable", "fix", "text"):
+        assert problem[key], key
+    assert problem["host"] == HOST and problem["text"].startswith(f"{HOST}: ")
+    return problem
+
+
+def test_seed_machine_with_the_seed_launch_passes_with_backend_warnings(rtx):
+    args = {
+        "tp": 8,
+        "mem-fraction-static": 0.92,
+        "quantization": "modelopt_fp4",
+        "nsa-decode-backend": "trtllm",
+        "nsa-prefill-backend": "trtllm",
+        "enable-flashinfer-allreduce-fusion": True,
+        "kv-cache-dtype": "auto",
+    }
+    result = check(rtx, server_args=args)
+    assert result["errors"] == []
+    texts = [w["text"] for w in result["warnings"]]
+    assert sum("trtllm on sm_120 needs SGLang/FlashInfer builds with SM120 kernels" in t for t in texts) == 2
+    assert any("SM90 or SM10X" in t for t in texts)
+    assert result["summary"]["gpus_needed_per_node"] == 8
+
+
+def test_tp16_on_one_8_gpu_host_is_refused(rtx):
+    problem = only(check(rtx, server_args={"tp": 16}))
+    assert problem["check"] == "parallelism"
+    assert "needs 16 GPUs per node but gpu-07 has 8" in problem["message"]
+    assert problem["fact"] == "gpu_facts.gpu_count=8"
+    assert "sglang_server_args.tp=16" in problem["variable"]
+    assert "sglang_server_nnodes=2" in problem["fix"]
+
+
+def test_tp16_over_two_nodes_fits(rtx):
+    assert check(rtx, server_args={"tp-size": 16}, nnodes=2)["errors"] == []
+
+
+def test_tp_not_divisible_by_nnodes_is_refused(rtx):
+    problem = only(check(rtx, server_args={"tp": 12}, nnodes=8))
+    assert "not divisible by nnodes=8" in problem["message"]
+    assert "sglang_server_nnodes=8" in problem["variable"]
+
+
+def test_pp_counts_and_idle_gpus_warn(rtx):
+    result = check(rtx, server_args={"tp": 2, "pp": 2})
+    assert result["errors"] == []
+    problem = only(result, "warnings")
+    assert "4 of 8 GPUs per node: 4 would sit idle" in problem["message"]
+
+
+def test_dp_without_dp_attention_multiplies(rtx):
+    assert check(rtx, server_args={"tp": 4, "dp": 2})["warnings"] == []
+    assert "needs 16 GPUs" in only(check(rtx, server_args={"tp": 8, "dp-size": 2}))["message"]
+    assert check(rtx, server_args={"tp": 8, "dp": 8, "enable-dp-attention": True})["errors"] == []
+
+
+@pytest.mark.parametrize("value", ["eight", 0, -2])
+def test_bad_tp_is_refused(rtx, value):
+    problem = only(check(rtx, server_args={"--tp": value}))
+    assert problem["variable"] == "sglang_server_args.tp"
+
+
+def test_string_and_underscore_keys(rtx):
+    assert check(rtx, server_args={"tp_size": "8"})["errors"] == []
+
+
+def test_bad_nnodes_is_refused(rtx):
+    assert only(check(rtx, nnodes="x"))["variable"] == "sglang_server_nnodes"
+
+
+def test_old_driver_is_refused_for_cuda_12_8(old):
+    problem = only(check(old))
+    assert problem["check"] == "driver"
+    assert "driver 550.127.05 is too old for CUDA 12.8 (needs >= 570.26)" in problem["message"]
+    assert problem["fact"] == "gpu_facts.driver_version=550.127.05"
+    assert problem["variable"] == "cuda_toolkit_version=12.8"
+
+
+def test_driver_570_is_too_old_for_cuda_13(rtx, h200):
+    problem = only(check(rtx, cuda_version="13.0"))
+    assert "needs >= 580.65.06" in problem["message"]
+    assert check(h200, cuda_version="13.0", server_args={"tp": 2})["errors"] == []
+
+
+def test_unknown_cuda_version_is_refused(h200):
+    problem = only(check(h200, cuda_version="12.7", server_args={"tp": 2}))
+    assert "no known driver floor for CUDA 12.7" in problem["message"]
+    assert "gpu_facts_cuda_driver_floors" in problem["fix"]
+
+
+def test_sm120_needs_cuda_12_8(rtx):
+    problem = only(check(rtx, cuda_version="12.6"))
+    assert problem["check"] == "arch" and "sm_120 needs CUDA >= 12.8" in problem["message"]
+
+
+def test_volta_dropped_by_cuda_13(h200):
+    facts = copy.deepcopy(h200)
+    facts["archs"] = ["sm_70"]
+    problem = only(check(facts, cuda_version="13.0", server_args={"tp": 2}))
+    assert "no longer supports sm_70" in problem["message"]
+
+
+def test_unknown_arch_warns(h200):
+    facts = copy.deepcopy(h200)
+    facts["archs"] = ["sm_999"]
+    assert "not in the support table" in only(check(facts, server_args={"tp": 2}), "warnings")["message"]
+
+
+def test_foreign_gpu_process_is_refused_and_ours_is_fine(h200):
+    facts = copy.deepcopy(h200)
+    facts["processes"] = [
+        {"pid": 1939, "name": "python3", "used_memory_mib": 41478, "gpu_index": 0, "unit": "session-3.scope"},
+        {
+            "pid": 2001,
+            "name": "sglang::scheduler",
+            "used_memory_mib": 88000,
+            "gpu_index": 1,
+            "unit": "sglang-server.service",
+        },
+    ]
+    facts["gpus"][0]["memory_used_mib"] = 41478
+    facts["gpus"][1]["memory_used_mib"] = 88000
+    result = check(facts, server_args={"tp": 2})
+    problem = only(result)
+    assert problem["check"] == "gpus_busy"
+    assert "pid 1939 python3 on GPU0 using 41478 MiB (unit session-3.scope)" in problem["message"]
+    assert "2001" not in problem["message"]
+    assert result["summary"]["own_processes"] == ["2001 sglang::scheduler (sglang-server.service)"]
+
+
+def test_memory_in_use_without_a_process_is_refused(h200):
+    facts = copy.deepcopy(h200)
+    facts["gpus"][1]["memory_used_mib"] = 40000
+    problem = only(check(facts, server_args={"tp": 2}))
+    assert "GPU1 has 40000 MiB in use but no compute process is listed" in problem["message"]
+    facts["gpus"][1]["memory_used_mib"] = 100
+    assert check(facts, server_args={"tp": 2})["errors"] == []
+
+
+def test_disk_space(h200):
+    facts = copy.deepcopy(h200)
+    facts["disk"] = [{"path": "/srv/models", "checked_path": "/srv", "free_mib": 100 * 1024, "total_mib": 1}]
+    req = [{"path": "/srv/models", "min_free_gib": 450, "purpose": "model weights"}]
+    problem = only(check(facts, server_args={"tp": 2}, disk_requirements=req))
+    assert "/srv/models (model weights) needs 450 GiB free, /srv has 100.0 GiB" in problem["message"]
+    req[0]["min_free_gib"] = 50
+    assert check(facts, server_args={"tp": 2}, disk_requirements=req)["errors"] == []
+    missing = [{"path": "/opt/ml-env", "min_free_gib": 1}]
+    assert (
+        "was not measured"
+        in only(check(facts, server_args={"tp": 2}, disk_requirements=missing), "warnings")["message"]
+    )
+
+
+def test_backend_plausibility(rtx, h200):
+    warn = check(rtx, server_args={"tp": 8, "nsa-decode-backend": "flashmla_kv", "kv-cache-dtype": "fp8_e4m3"})[
+        "warnings"
+    ]
+    assert any("gave NaN output on sm_120" in w["message"] for w in warn)
+    assert any("reported broken for GLM-5" in w["message"] for w in warn)
+    warn = check(h200, server_args={"tp": 2, "quantization": "modelopt_fp4", "dsa-prefill-backend": "trtllm"})[
+        "warnings"
+    ]
+    assert any("NVFP4" in w["message"] for w in warn)
+    assert any("built for Blackwell" in w["message"] for w in warn)
+
+
+def test_comm_errors_and_warnings_are_carried(rtx):
+    comm = gff.gpu_comm_settings(rtx, {"nccl_env": {"NCCL_SHM_DISABLE": "1"}}, 1)
+    problem = only(check(rtx, comm=comm))
+    assert problem["check"] == "nccl_env" and "NCCL_SHM_DISABLE" in problem["message"]
+
+
+def test_no_driver_stops_early():
+    problem = only(check({"driver_loaded": False, "gpu_count": 0, "error": "rc 9"}))
+    assert problem["check"] == "driver" and "rc 9" in problem["message"]
