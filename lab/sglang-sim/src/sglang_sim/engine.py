@@ -30,47 +30,11 @@ from . import textgen
 from .faults import Faults
 from .log import log
 
-TTFT_BUCKETS = [
-    0.1,
-    0.2,
-    0.4,
-    0.6,
-    0.8,
-    1.0,
-    2.0,
-    4.0,
-    6.0,
-    8.0,
-    10.0,
-    20.0,
-    40.0,
-    60.0,
-    80.0,
-    100.0,
-    200.0,
-    400.0,
-]
-E2E_BUCKETS = [
-    0.1,
-    0.2,
-    0.4,
-    0.6,
-    0.8,
-    1.0,
-    2.0,
-    4.0,
-    6.0,
-    8.0,
-    10.0,
-    20.0,
-    40.0,
-    60.0,
-    80.0,
-    100.0,
-    200.0,
-    400.0,
-    800.0,
-]
+# SGLang's default histogram buckets (seconds); end-to-end latency has one more, longer bucket.
+# fmt: off
+TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0]
+# fmt: on
+E2E_BUCKETS = [*TTFT_BUCKETS, 800.0]
 NAN_LOG = "Detected errors during sampling! NaN in the logits."
 
 
