@@ -14,7 +14,7 @@ SUBNET ?=
 SCENARIO ?=
 LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
 
-.PHONY: help setup apt venv collections deploy lab-up lab-down lab-status test lint unit lab-tests molecule bench-lab
+.PHONY: help setup apt venv collections deploy lab-up lab-cuda-mirror lab-down lab-status test lint unit lab-tests molecule bench-lab
 
 help:
 	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
@@ -38,11 +38,15 @@ venv:
 collections: venv
 	.venv/bin/python tools/install_collections.py
 
-deploy: setup lab-up
+deploy: setup lab-up lab-cuda-mirror
 	ansible-playbook deploy.yml
 
 lab-up: setup
 	python -m gpufleet_lab $(LAB_UP_ARGS)
+
+# The lab's signed apt mirror of CUDA 12.8 (lab equipment), served on the lab bridge for cuda_toolkit.
+lab-cuda-mirror:
+	python -m gpufleet_lab --name $(LAB) cuda-mirror up
 
 lab-down:
 	python -m gpufleet_lab --name $(LAB) down

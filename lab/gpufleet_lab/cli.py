@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in all_lab_names():
                 stale = Lab(name, log=log)
                 if stale.is_stale():
+                    cuda_mirror.down(stale)
                     stale.down()
                     print(f"lab {name}: stale (no live host), removed")
             return 0

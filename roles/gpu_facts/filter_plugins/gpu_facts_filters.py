@@ -281,30 +281,9 @@ def gpu_comm_settings(facts, overrides=None, nnodes=1):
 # --------------------------------------------------------------------------------------------
 # Preflight
 
-# Minimum Linux driver per CUDA toolkit version (CUDA release notes, "CUDA Toolkit and
-# Corresponding Driver Versions", GA releases).  Role default gpu_facts_cuda_driver_floors.
-CUDA_DRIVER_FLOORS = {
-    "12.4": "550.54.14",
-    "12.5": "555.42.02",
-    "12.6": "560.28.03",
-    "12.8": "570.26",
-    "12.9": "575.51.03",
-    "13.0": "580.65.06",
-}
-# First CUDA version that can build for each architecture; last one that still does.
-ARCH_MIN_CUDA = {
-    "sm_70": "9.0",
-    "sm_75": "10.0",
-    "sm_80": "11.0",
-    "sm_86": "11.1",
-    "sm_89": "11.8",
-    "sm_90": "11.8",
-    "sm_100": "12.8",
-    "sm_103": "12.9",
-    "sm_120": "12.8",
-    "sm_121": "12.9",
-}
-ARCH_MAX_CUDA = {"sm_70": "12.9", "sm_72": "12.9"}
+# The tables (driver floor per CUDA version, first/last CUDA version per architecture) are data, not
+# code: roles/cuda_toolkit/vars/driver_floors.yml (cuda_toolkit_driver_floors, shared with the role that
+# installs the toolkit) and this role's defaults (gpu_facts_arch_min_cuda, gpu_facts_arch_max_cuda).
 
 _BACKEND_KEYS = ("nsa-decode-backend", "nsa-prefill-backend", "dsa-decode-backend", "dsa-prefill-backend")
 
@@ -380,9 +359,12 @@ def gpu_preflight_problems(facts, settings):
     gpu_count = int(facts.get("gpu_count") or 0)
     archs = facts.get("archs") or []
     cuda = str(s.get("cuda_version", "12.8"))
-    floors = s.get("cuda_driver_floors") or CUDA_DRIVER_FLOORS
-    arch_min = s.get("arch_min_cuda") or ARCH_MIN_CUDA
-    arch_max = s.get("arch_max_cuda") or ARCH_MAX_CUDA
+    missing = [k for k in ("cuda_driver_floors", "arch_min_cuda", "arch_max_cuda") if k not in s]
+    if missing:
+        raise ValueError(f"gpu_preflight_problems needs the settings {', '.join(missing)}")
+    floors = s["cuda_driver_floors"]
+    arch_min = s["arch_min_cuda"]
+    arch_max = s["arch_max_cuda"]
     driver = facts.get("driver_version")
     summary = {"host": host, "cuda_version": cuda, "driver_version": driver, "gpu_count": gpu_count}
 
@@ -408,7 +390,8 @@ def gpu_preflight_problems(facts, settings):
                 f"no known driver floor for CUDA {cuda}",
                 f"gpu_facts.driver_version={driver}",
                 "cuda_toolkit_version",
-                f"use one of {', '.join(sorted(floors, key=_vt))} or add it to gpu_facts_cuda_driver_floors",
+                f"use one of {', '.join(sorted(floors, key=_vt))} or add it to cuda_toolkit_driver_floors "
+                "(roles/cuda_toolkit/vars/driver_floors.yml)",
             )
         )
     elif _vt(driver) < _vt(floor):

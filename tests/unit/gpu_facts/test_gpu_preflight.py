@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
+import yaml
 from gpu_facts_helpers import device_facts, facts_for, gff
 
 HOST = "gpu-07"
@@ -25,8 +27,23 @@ def h200():
     return device_facts()
 
 
+ROOT = Path(__file__).resolve().parents[3]
+ROLE_DATA = {
+    "cuda_driver_floors": yaml.safe_load((ROOT / "roles/cuda_toolkit/vars/driver_floors.yml").read_text())[
+        "cuda_toolkit_driver_floors"
+    ],
+    "arch_min_cuda": yaml.safe_load((ROOT / "roles/gpu_facts/defaults/main.yml").read_text())[
+        "gpu_facts_arch_min_cuda"
+    ],
+    "arch_max_cuda": yaml.safe_load((ROOT / "roles/gpu_facts/defaults/main.yml").read_text())[
+        "gpu_facts_arch_max_cuda"
+    ],
+}
+
+
 def settings(**kw):
     base = {
+        **ROLE_DATA,
         "host": HOST,
         "cuda_version": "12.8",
         "server_args": {"tp": 8},
@@ -134,7 +151,7 @@ def test_driver_570_is_too_old_for_cuda_13(rtx, h200):
 def test_unknown_cuda_version_is_refused(h200):
     problem = only(check(h200, cuda_version="12.7", server_args={"tp": 2}))
     assert "no known driver floor for CUDA 12.7" in problem["message"]
-    assert "gpu_facts_cuda_driver_floors" in problem["fix"]
+    assert "roles/cuda_toolkit/vars/driver_floors.yml" in problem["fix"]
 
 
 def test_sm120_needs_cuda_12_8(rtx):
