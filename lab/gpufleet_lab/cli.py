@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpufleet_lab import cuda_mirror
+from gpufleet_lab import cuda_mirror, testhub_service
 from gpufleet_lab.base import DEFAULT_MIRROR, ensure_base
 from gpufleet_lab.equipment import available_profiles, check_profile
 from gpufleet_lab.lab import CACHE_DIR, DEFAULT_NAME, DEFAULT_PROFILE, Lab, LabSpec, all_lab_names
@@ -86,6 +86,11 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     base = sub.add_parser("base", help="build (or reuse) the cached Debian 12 base root filesystem")
     base.add_argument("--mirror", default=os.environ.get("LAB_MIRROR", DEFAULT_MIRROR))
     sub.add_parser("profiles", help="list the simulated GPU profiles")
+    th = sub.add_parser(
+        "testhub", help="serve the lab test hub (a tiny model, Hugging Face hub API) to the lab's hosts"
+    )
+    th.add_argument("action", choices=["up", "down"])
+    th.add_argument("--port", type=int, default=testhub_service.DEFAULT_PORT)
     cm = sub.add_parser("cuda-mirror", help="serve the lab CUDA mirror (apt repo, wheels, runfile) to the lab's hosts")
     cm.add_argument("action", choices=["up", "down", "status"])
     cm.add_argument("--port", type=int, default=cuda_mirror.DEFAULT_PORT)
@@ -146,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "down":
             cuda_mirror.down(lab)
+            testhub_service.down(lab)
             result = lab.down()
             inventory = _inventory_path(args)
             if inventory is not None and inventory.exists():
@@ -157,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 stale = Lab(name, log=log)
                 if stale.is_stale():
                     cuda_mirror.down(stale)
+                    testhub_service.down(stale)
                     stale.down()
                     print(f"lab {name}: stale (no live host), removed")
             return 0
@@ -170,6 +177,13 @@ def main(argv: list[str] | None = None) -> int:
             record = lab.record(args.host)
             cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
             os.execvp("nsenter", ["nsenter", "-t", str(record["leader_pid"]), "-a", *(cmd or ["bash"])])
+        if args.command == "testhub":
+            if args.action == "up":
+                result = testhub_service.up(lab, args.port)
+            else:
+                result = {"changed": testhub_service.down(lab)}
+            print(json.dumps({"lab": lab.name, **result}, indent=2))
+            return 0
         if args.command == "cuda-mirror":
             if args.action == "up":
                 result = cuda_mirror.up(lab, args.port, log=lambda m: print(m, file=sys.stderr))

@@ -13,7 +13,6 @@ URL layout (``http://<gateway>:<port>``), mirroring developer.download.nvidia.co
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import socket
@@ -30,13 +29,6 @@ DEFAULT_PORT = 8480
 
 def _record_file(lab: Lab) -> Path:
     return lab.dir / "cuda-mirror.json"
-
-
-def _gateway(lab: Lab) -> str:
-    state = lab.load()
-    if not state.get("subnet") or not state.get("hosts"):
-        raise LabError(f"lab {lab.name!r} is not up: bring it up first (make lab-up LAB={lab.name})")
-    return str(next(ipaddress.ip_network(state["subnet"]).hosts()))
 
 
 def _port_open(address: str, port: int) -> bool:
@@ -73,7 +65,7 @@ def up(lab: Lab, port: int = DEFAULT_PORT, log=print) -> dict:
     from cuda_mirror.build import ensure_built
     from cuda_mirror.wheels import MirrorError
 
-    address = _gateway(lab)
+    address = lab.gateway()
     try:
         info = ensure_built(CACHE_DIR / "cuda-mirror", log=log)
     except MirrorError as exc:

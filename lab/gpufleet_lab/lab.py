@@ -356,6 +356,13 @@ class Lab:
             network.restore_ip_forward()
         return {"lab": self.name, "removed": removed, "changed": bool(removed)}
 
+    def gateway(self) -> str:
+        """The lab bridge's address: each host's default gateway, where lab services listen."""
+        state = self.load()
+        if not state.get("subnet") or not state.get("hosts"):
+            raise LabError(f"lab {self.name!r} is not up: bring it up first (make lab-up LAB={self.name})")
+        return str(next(ipaddress.ip_network(state["subnet"]).hosts()))
+
     def is_stale(self) -> bool:
         """True when the lab has state but none of its hosts is alive (its processes were killed)."""
         hosts = self.load().get("hosts", {}).values()
