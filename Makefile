@@ -14,7 +14,7 @@ SUBNET ?=
 SCENARIO ?=
 LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
 
-.PHONY: help setup apt venv collections deploy lab-up lab-cuda-mirror lab-testhub lab-down lab-status test lint unit lab-tests molecule bench-lab
+.PHONY: help setup apt venv collections deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-tests molecule bench-lab
 
 help:
 	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
@@ -38,7 +38,7 @@ venv:
 collections: venv
 	.venv/bin/python tools/install_collections.py
 
-deploy: setup lab-up lab-cuda-mirror lab-testhub
+deploy: setup lab-up lab-cuda-mirror lab-testhub lab-wheelhouse
 	ansible-playbook deploy.yml
 
 lab-up: setup
@@ -51,6 +51,10 @@ lab-cuda-mirror:
 # The lab's test hub (a tiny model behind the Hugging Face hub API; lab equipment) for model_weights.
 lab-testhub:
 	python -m gpufleet_lab --name $(LAB) testhub up
+
+# The lab's ml-env wheelhouse on the controller (simulated engine wheel, uv, small wheels) for ml_env.
+lab-wheelhouse:
+	.venv/bin/python locks/update_locks.py wheelhouse
 
 lab-down:
 	python -m gpufleet_lab --name $(LAB) down

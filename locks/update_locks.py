@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""Build the lab wheelhouse and (re)write the ml-env locks of gpufleet.
+
+Each lock is a directory ``locks/<name>/`` with ``requirements.in`` (what we ask for), ``lock.yml``
+(Python version, target platform, indexes, resolution date, modules to verify) and
+``requirements.txt`` (the hashed lock, written by ``uv pip compile --generate-hashes``; never edit it).
+
+  python locks/update_locks.py wheelhouse [--dir DIR]   # lab wheelhouse: sglang-sim wheel + uv wheel
+  python locks/update_locks.py lab                      # rebuild the wheelhouse, rewrite locks/lab-sim
+  python locks/update_locks.py production [--name sglang-cu128] [--exclude-newer DATE]
+  python locks/update_locks.py check-lab                # the lab lock still matches a fresh wheel build
+
+The sglang-sim wheel is built reproducibly (fixed SOURCE_DATE_EPOCH, pinned setuptools, sources
+copied with fixed modes), so its hash in locks/lab-sim/requirements.txt is stable until the simulator's
+sources change; then ``lab`` writes the new hash. Needs ``uv`` on PATH (the project's toolchain has it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+LOCKS = Path(__file__).resolve().parent
+ROOT = LOCKS.parent
+SIM_SRC = ROOT / "lab" / "sglang-sim"
+DEFAULT_WHEELHOUSE = ROOT / ".cache" / "ml-env" / "wheelhouse-lab"
+# Fixed build inputs of the sglang-sim wheel (its hash is in the lab lock).
+SOURCE_DATE_EPOCH = "1764374400"  # 2025-11-29T00:00:00Z
+BUILD_CONSTRAINTS = LOCKS / "lab-sim" / "build-constraints.txt"
+# uv for the hosts, from PyPI (the static binary is in the wheel); the role installs it from the wheelhouse.
+UV_VERSION = "0.13.9"
+UV_WHEEL = f"uv-{UV_VERSION}-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+UV_WHEEL_SHA256 = "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19"
+UV_WHEEL_URL = (
+    "https://files.pythonhosted.org/packages/3d/aa/"
+    "26d64642d808de4a652579ef950d7cd2d37f080a8babf9c67c6b75fc4c3f/" + UV_WHEEL
+)
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    print("+ " + " ".join(str(a) for a in argv), file=sys.stderr, flush=True)
+    return subprocess.run([str(a) for a in argv], check=True, **kwargs)
+
+
+def build_sim_wheel(out_dir: Path) -> Path:
+    """Build sglang_sim-*.whl reproducibly into out_dir; returns its path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ml-env-sim-") as tmp:
+        src = Path(tmp) / "sglang-sim"
+        for path in sorted(SIM_SRC.rglob("*")):
+            rel = path.relative_to(SIM_SRC)
+            if (
+                path.is_dir()
+                or rel.parts[0] in ("build", "dist")
+                or any(p.endswith(".egg-info") or p == "__pycache__" for p in rel.parts)
+            ):
+                continue
+            if path.suffix == ".pyc" or rel.name == ".gitignore":
+                continue
+            dest = src / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest)
+            dest.chmod(0o644)
+            os.utime(dest, (int(SOURCE_DATE_EPOCH), int(SOURCE_DATE_EPOCH)))
+        built = Path(tmp) / "dist"
+        env = dict(os.environ, SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH)
+        run(
+            ["uv", "build", "--wheel", "--quiet", "--build-constraint", BUILD_CONSTRAINTS, "-o", built, src],
+            env=env,
+        )
+        wheels = sorted(built.glob("sglang_sim-*.whl"))
+        if len(wheels) != 1:
+            raise SystemExit(f"expected one sglang_sim wheel, got {wheels}")
+        target = out_dir / wheels[0].name
+        shutil.copyfile(wheels[0], target)
+        target.chmod(0o644)
+        return target
+
+
+def fetch_uv_wheel(out_dir: Path) -> Path:
+    """The uv wheel (checked against its pinned sha256), from a cache or PyPI."""
+    target = out_dir / UV_WHEEL
+    if target.exists() and sha256(target) == UV_WHEEL_SHA256:
+        return target
+    cached = DEFAULT_WHEELHOUSE / UV_WHEEL
+    if cached != target and cached.exists() and sha256(cached) == UV_WHEEL_SHA256:
+        shutil.copyfile(cached, target)
+        target.chmod(0o644)
+        return target
+    tmp = target.with_suffix(".part")
+    print(f"downloading {UV_WHEEL_URL}", file=sys.stderr, flush=True)
+    with urllib.request.urlopen(UV_WHEEL_URL, timeout=120) as response, tmp.open("wb") as handle:
+        shutil.copyfileobj(response, handle)
+    got = sha256(tmp)
+    if got != UV_WHEEL_SHA256:
+        tmp.unlink()
+        raise SystemExit(f"{UV_WHEEL}: sha256 {got} is not the pinned {UV_WHEEL_SHA256}")
+    tmp.rename(target)
+    target.chmod(0o644)
+    if target != cached:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(target, cached)
+    return target
+
+
+# Small pure-Python wheels from PyPI for the lab wheelhouse (lab hosts install from the wheelhouse only).
+LAB_PYPI_WHEELS = [("packaging", "25.0")]
+
+
+def fetch_pypi_wheel(out_dir: Path, name: str, version: str) -> Path:
+    """A py3-none-any wheel of name==version from PyPI's simple JSON API, checked against its sha256."""
+    request = urllib.request.Request(
+        f"https://pypi.org/simple/{name}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        files = json.load(response)["files"]
+    prefix = f"{name}-{version}-"
+    wanted = [f for f in files if f["filename"].startswith(prefix) and f["filename"].endswith("-none-any.whl")]
+    if not wanted:
+        raise SystemExit(f"PyPI has no py3-none-any wheel of {name}=={version}")
+    entry = wanted[0]
+    target = out_dir / entry["filename"]
+    if target.exists() and sha256(target) == entry["hashes"]["sha256"]:
+        return target
+    with urllib.request.urlopen(entry["url"], timeout=120) as response:
+        target.write_bytes(response.read())
+    if sha256(target) != entry["hashes"]["sha256"]:
+        target.unlink()
+        raise SystemExit(f"{entry['filename']}: sha256 differs from PyPI's")
+    return target
+
+
+def cmd_wheelhouse(args) -> int:
+    out = Path(args.dir).resolve()
+    sim = build_sim_wheel(out)
+    uv = fetch_uv_wheel(out)
+    extra = [fetch_pypi_wheel(out, name, version) for name, version in LAB_PYPI_WHEELS]
+    for wheel in (sim, uv, *extra):
+        print(f"{wheel}  sha256:{sha256(wheel)}")
+    return 0
+
+
+# Other locks over the lab wheelhouse, rewritten by `lab` too: Molecule's second lock of role ml_env.
+LAB_EXTRA_LOCKS = [ROOT / "roles" / "ml_env" / "molecule" / "default" / "locks" / "lab-sim-next"]
+
+
+def compile_lock(name: str, find_links: Path | None = None, exclude_newer: str | None = None) -> Path:
+    lock_dir = LOCKS / name
+    meta = yaml.safe_load((lock_dir / "lock.yml").read_text())
+    out = lock_dir / "requirements.txt"
+    argv = [
+        "uv",
+        "pip",
+        "compile",
+        lock_dir / "requirements.in",
+        "--generate-hashes",
+        "--python-version",
+        meta["python_version"],
+        "--python-platform",
+        meta["python_platform"],
+        "--custom-compile-command",
+        f"python locks/update_locks.py {'lab' if find_links else 'production --name ' + Path(name).name}",
+        "--quiet",
+        "-o",
+        out,
+    ]
+    if meta.get("index_url"):
+        argv += ["--index-url", meta["index_url"]]
+    else:
+        argv += ["--no-index"]
+    for url in meta.get("extra_index_urls") or []:
+        argv += ["--extra-index-url", url]
+    if find_links:
+        # --no-cache: uv caches the hash of a local wheel by its name; a rebuilt wheel must be read again
+        argv += ["--find-links", find_links, "--no-cache"]
+        # and an existing lock would be kept as a preference, old hash included
+        out.unlink(missing_ok=True)
+    newer = exclude_newer or meta.get("exclude_newer")
+    if newer:
+        argv += ["--exclude-newer", str(newer)]
+    env = dict(os.environ, UV_NO_CONFIG="1")
+    run(argv, env=env, cwd=ROOT)
+    return out
+
+
+def cmd_lab(args) -> int:
+    out = Path(args.dir).resolve()
+    build_sim_wheel(out)
+    fetch_uv_wheel(out)
+    for name, version in LAB_PYPI_WHEELS:
+        fetch_pypi_wheel(out, name, version)
+    print(compile_lock("lab-sim", find_links=out))
+    for extra in LAB_EXTRA_LOCKS:
+        print(compile_lock(str(extra), find_links=out))
+    return 0
+
+
+def cmd_production(args) -> int:
+    if args.exclude_newer:
+        meta_path = LOCKS / args.name / "lock.yml"
+        text = meta_path.read_text()
+        meta = yaml.safe_load(text)
+        old = str(meta.get("exclude_newer"))
+        meta_path.write_text(text.replace(f"exclude_newer: {old}", f"exclude_newer: {args.exclude_newer}"))
+    print(compile_lock(args.name))
+    return 0
+
+
+def cmd_check_lab(args) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = build_sim_wheel(Path(tmp))
+        digest = sha256(wheel)
+    stale = [
+        str(path.relative_to(ROOT))
+        for path in [LOCKS / "lab-sim" / "requirements.txt", *(d / "requirements.txt" for d in LAB_EXTRA_LOCKS)]
+        if digest not in path.read_text()
+    ]
+    if stale:
+        print(
+            f"{', '.join(stale)} do(es) not hold the hash of a fresh {wheel.name} ({digest}): "
+            "the simulator's sources changed; run `python locks/update_locks.py lab`",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"lab lock matches {wheel.name} sha256:{digest}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, func in (("wheelhouse", cmd_wheelhouse), ("lab", cmd_lab)):
+        p = sub.add_parser(name)
+        p.add_argument("--dir", default=str(DEFAULT_WHEELHOUSE), help="wheelhouse directory (default %(default)s)")
+        p.set_defaults(func=func)
+    p = sub.add_parser("production")
+    p.add_argument("--name", default="sglang-cu128")
+    p.add_argument("--exclude-newer", help="resolve as of this date (RFC 3339); recorded in lock.yml")
+    p.set_defaults(func=cmd_production)
+    p = sub.add_parser("check-lab")
+    p.set_defaults(func=cmd_check_lab)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
