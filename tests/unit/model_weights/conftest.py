@@ -81,7 +81,15 @@ def hub(hub_data, monkeypatch):
     h = Hub(server, data, desc)
     monkeypatch.setenv("HF_ENDPOINT", h.url)
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    # The project runs tests with HF_HUB_OFFLINE=1 (nothing may reach the real hub). These tests talk to
+    # the loopback test hub only, so they lift it; huggingface_hub reads it once at import, hence both.
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    try:
+        import huggingface_hub.constants as hf_constants
+    except ImportError:
+        pass
+    else:
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_HOME", str(data / "hf-home"))
     yield h
     server.shutdown()
