@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""gpufleet: run the SGLang server with its output redacted (installed by roles/sglang_server).
+
+SGLang 0.5.9 logs its whole configuration at start (``server_args=ServerArgs(... api_key='...')``, upstream
+sgl-project/sglang#18256), so a key passed with --api-key (here: through --config) would land in the
+journal. This launcher starts the engine as its child with stdout/stderr on a pipe and writes every line
+to its own stdout (the journal) with the values of SGLANG_SERVER_API_KEY and HF_TOKEN replaced by
+[REDACTED]. SGLANG_SERVER_API_KEY is removed from the engine's environment (the engine reads the key
+from its --config file).
+
+  python sglang-log-redact.py -- PYTHON -m sglang.launch_server ARGS...
+
+Signals: it ignores SIGTERM/SIGINT and exits with the engine's status once the engine's output closes.
+The unit uses KillMode=control-group, so systemd's SIGTERM reaches the engine (and every child) directly
+and the drain is the engine's own; SIGKILL after TimeoutStopSec reaches every process too.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+
+SECRET_VARS = ("SGLANG_SERVER_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+CHILD_DROPS = ("SGLANG_SERVER_API_KEY",)
+MASK = b"[REDACTED]"
+
+
+def redact(line, secrets):
+    for secret in secrets:
+        line = line.replace(secret, MASK)
+    return line
+
+
+def main(argv):
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
+        sys.stderr.write("usage: sglang-log-redact -- COMMAND [ARGS...]\n")
+        return 2
+    command = argv[argv.index("--") + 1 :]
+    secrets = sorted(
+        {os.environ[k].encode() for k in SECRET_VARS if len(os.environ.get(k, "")) >= 4}, key=len, reverse=True
+    )
+    env = {k: v for k, v in os.environ.items() if k not in CHILD_DROPS}
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        child = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=lambda: (
+                signal.signal(signal.SIGTERM, signal.SIG_DFL),
+                signal.signal(signal.SIGINT, signal.SIG_DFL),
+            ),
+        )
+    except OSError as exc:
+        sys.stderr.write(f"sglang-log-redact: cannot start {command[0]}: {exc}\n")
+        return 127
+    out = sys.stdout.buffer
+    for line in iter(child.stdout.readline, b""):
+        out.write(redact(line, secrets))
+        out.flush()
+    rc = child.wait()
+    return 128 - rc if rc < 0 else rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,351 @@
+"""Host-side helpers of the sglang_server modules: systemd unit state, the unit's processes (by cgroup),
+the journal of one start (invocation), GPU compute processes and memory (nvidia-smi), TCP listeners
+(ss), and HTTP calls to the server. Standard library only; unit-tested with fakes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+UNIT_PROPS = (
+    "ActiveState",
+    "SubState",
+    "Result",
+    "MainPID",
+    "NRestarts",
+    "InvocationID",
+    "ExecMainStartTimestamp",
+    "ExecMainStartTimestampMonotonic",
+    "ExecMainStatus",
+    "ExecMainCode",
+    "LoadState",
+    "FragmentPath",
+)
+
+# SGLang's start-up log lines -> phase (the last one seen is the current phase).
+PHASES = (
+    ("starting", re.compile(r"Uvicorn running on|server_args=|Started server process")),
+    ("loading weights", re.compile(r"Load weight begin")),
+    ("weights loaded", re.compile(r"Load weight end")),
+    ("KV cache allocated", re.compile(r"KV Cache is allocated")),
+    ("capturing CUDA graphs", re.compile(r"Capture cuda graph begin")),
+    ("CUDA graphs captured", re.compile(r"Capture cuda graph end")),
+    ("warming up", re.compile(r"Start of (?:co-?)?locate warmup|warmup request|End of prefill disaggregation")),
+    ("ready", re.compile(r"The server is fired up and ready to roll")),
+    ("draining", re.compile(r"Draining requests and shutting down|Gracefully exiting")),
+)
+
+
+def run(argv, timeout=60):
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError as exc:
+        return 127, "", str(exc)
+    except subprocess.TimeoutExpired:
+        return 124, "", f"timed out after {timeout} s: {' '.join(argv)}"
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def unit_state(unit, runner=run):
+    rc, out, err = runner(["systemctl", "show", unit, "--property=" + ",".join(UNIT_PROPS)])
+    props = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            props[key] = value
+    state = {
+        "unit": unit,
+        "load_state": props.get("LoadState", ""),
+        "active_state": props.get("ActiveState", "unknown"),
+        "sub_state": props.get("SubState", ""),
+        "result": props.get("Result", ""),
+        "main_pid": int(props.get("MainPID") or 0),
+        "n_restarts": int(props.get("NRestarts") or 0),
+        "invocation_id": props.get("InvocationID", ""),
+        "exec_main_start": props.get("ExecMainStartTimestamp", ""),
+        "exec_main_start_monotonic_us": int(props.get("ExecMainStartTimestampMonotonic") or 0),
+        "exec_main_status": props.get("ExecMainStatus", ""),
+        "fragment_path": props.get("FragmentPath", ""),
+    }
+    if rc != 0:
+        state["error"] = err.strip()
+    return state
+
+
+def pid_unit(pid, proc_root="/proc"):
+    """The systemd unit (``*.service``/``*.scope``) a process runs in, from its cgroup path; None if gone."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "cgroup"), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    found = None
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        for part in reversed(path.split("/")):
+            if part.endswith((".service", ".scope")):
+                found = part
+                break
+        if found:
+            break
+    return found or ""
+
+
+def pid_alive(pid, proc_root="/proc"):
+    try:
+        with open(os.path.join(proc_root, str(pid), "stat"), encoding="utf-8") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
+    return state not in ("Z", "X")
+
+
+def pid_cmdline(pid, proc_root="/proc"):
+    try:
+        with open(os.path.join(proc_root, str(pid), "cmdline"), "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def unit_pids(unit, proc_root="/proc"):
+    """PIDs whose cgroup is the unit's (every process of the service, children included)."""
+    pids = []
+    try:
+        names = os.listdir(proc_root)
+    except OSError:
+        return pids
+    for name in names:
+        if name.isdigit() and pid_unit(name, proc_root) == unit and pid_alive(name, proc_root):
+            pids.append(int(name))
+    return sorted(pids)
+
+
+def _csv(out):
+    rows = []
+    for line in out.splitlines():
+        if line.strip():
+            rows.append([c.strip() for c in line.split(",")])
+    return rows
+
+
+def gpu_state(nvidia_smi="nvidia-smi", runner=run):
+    """``{"gpus": {index: {"uuid", "memory_used_mib"}}, "processes": [{pid, gpu_index, used_memory_mib, name}]}``."""
+    rc, out, err = runner(
+        [nvidia_smi, "--query-gpu=index,uuid,memory.used", "--format=csv,noheader,nounits"], timeout=30
+    )
+    if rc != 0:
+        raise RuntimeError(f"nvidia-smi --query-gpu failed (rc {rc}): {(err or out).strip()}")
+    gpus, by_uuid = {}, {}
+    for row in _csv(out):
+        if len(row) < 3:
+            continue
+        idx = int(row[0])
+        used = int(float(row[2])) if re.match(r"^[0-9.]+$", row[2]) else 0
+        gpus[idx] = {"uuid": row[1], "memory_used_mib": used}
+        by_uuid[row[1]] = idx
+    rc, out, err = runner(
+        [nvidia_smi, "--query-compute-apps=pid,gpu_uuid,used_memory,process_name", "--format=csv,noheader,nounits"],
+        timeout=30,
+    )
+    if rc != 0:
+        raise RuntimeError(f"nvidia-smi --query-compute-apps failed (rc {rc}): {(err or out).strip()}")
+    processes = []
+    for row in _csv(out):
+        if len(row) < 3 or not row[0].isdigit():
+            continue
+        used = int(float(row[2])) if re.match(r"^[0-9.]+$", row[2]) else 0
+        processes.append(
+            {
+                "pid": int(row[0]),
+                "gpu_index": by_uuid.get(row[1]),
+                "used_memory_mib": used,
+                "name": row[3] if len(row) > 3 else "",
+            }
+        )
+    return {"gpus": gpus, "processes": processes}
+
+
+def classify_gpu_processes(processes, unit, gpus=None, proc_root="/proc"):
+    """Split GPU compute processes on the given GPUs into ours (in the unit's cgroup) and foreign.
+
+    A process that no longer exists but still holds memory (a leaked allocation) is foreign: it is
+    not ours to stop, and only a GPU reset or the end of that process frees it.
+    """
+    ours, foreign = [], []
+    wanted = None if gpus is None else {int(g) for g in gpus}
+    for proc in processes:
+        if wanted is not None and proc.get("gpu_index") not in wanted:
+            continue
+        pid = proc["pid"]
+        alive = pid_alive(pid, proc_root)
+        owner = pid_unit(pid, proc_root) if alive else None
+        item = dict(proc, alive=alive, unit=owner, cmdline=pid_cmdline(pid, proc_root) if alive else "")
+        if alive and owner == unit:
+            ours.append(item)
+        else:
+            foreign.append(item)
+    return ours, foreign
+
+
+def describe_processes(items):
+    """``pid 123 (sglang::scheduler_TP0, gpu 0, 88000 MiB, unit x.service)`` per PID, merged over GPUs."""
+    by_pid = {}
+    for it in items:
+        entry = by_pid.setdefault(
+            it["pid"], {"name": it.get("name"), "gpus": [], "mib": 0, "alive": it.get("alive"), "unit": it.get("unit")}
+        )
+        entry["gpus"].append(it.get("gpu_index"))
+        entry["mib"] += int(it.get("used_memory_mib") or 0)
+    parts = []
+    for pid, e in sorted(by_pid.items()):
+        where = "process gone: leaked allocation" if not e["alive"] else f"unit {e['unit'] or 'none'}"
+        gpus = ",".join(str(g) for g in sorted(g for g in e["gpus"] if g is not None))
+        parts.append(f"pid {pid} ({e['name'] or '?'}, GPUs {gpus}, {e['mib']} MiB, {where})")
+    return "; ".join(parts)
+
+
+def listeners(port, runner=run):
+    """PIDs listening on a TCP port (``ss -ltnpH``); an entry without a PID is a listener we cannot name."""
+    rc, out, _err = runner(["ss", "-ltnpH", f"sport = :{int(port)}"])
+    result = []
+    if rc != 0:
+        return result
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        cols = line.split()
+        local = cols[3] if len(cols) > 3 else ""
+        pids = [int(p) for p in re.findall(r"pid=(\d+)", line)]
+        result.append({"local": local, "pids": sorted(set(pids))})
+    return result
+
+
+def journal_lines(unit, invocation_id=None, runner=run, lines=None):
+    """``[(epoch_seconds, message)]`` of one start of the unit (its InvocationID), oldest first."""
+    argv = ["journalctl", "--no-pager", "-o", "json"]
+    argv += [f"_SYSTEMD_INVOCATION_ID={invocation_id}"] if invocation_id else ["-u", unit, "-b"]
+    if lines:
+        argv += ["-n", str(int(lines))]
+    rc, out, _err = runner(argv, timeout=60)
+    result = []
+    if rc != 0:
+        return result
+    for line in out.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        msg = rec.get("MESSAGE", "")
+        if isinstance(msg, list):  # binary message: journald gives bytes
+            msg = bytes(msg).decode("utf-8", "replace")
+        ts = int(rec.get("__REALTIME_TIMESTAMP", "0")) / 1e6
+        result.append((ts, msg or ""))
+    return result
+
+
+def phase_timeline(entries):
+    """``[{"phase", "at"}]``: the first time each phase's log line appeared (journal order)."""
+    seen, timeline = set(), []
+    for ts, msg in entries:
+        for phase, rx in PHASES:
+            if phase not in seen and rx.search(msg):
+                seen.add(phase)
+                timeline.append({"phase": phase, "at": ts})
+    return timeline
+
+
+def current_phase(timeline):
+    return timeline[-1]["phase"] if timeline else "process started"
+
+
+def monotonic_us():
+    return int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
+
+
+def http(method, url, body=None, headers=None, timeout=30):
+    """``(status, body_text, seconds)``; status 0 with the error text when there is no HTTP answer."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Accept", "application/json")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    for key, value in (headers or {}).items():
+        req.add_header(key, value)
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            text = resp.read().decode("utf-8", "replace")
+            return resp.status, text, time.monotonic() - started
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode("utf-8", "replace") if exc.fp else ""
+        return exc.code, text, time.monotonic() - started
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return 0, str(reason), time.monotonic() - started
+
+
+def snapshot(unit, gpus=None, port=0, idle_memory_mib=512, nvidia_smi="nvidia-smi"):
+    """Unit state, its processes, the holders of its GPUs (ours/foreign) and of its port; ``released``."""
+    gs = gpu_state(nvidia_smi)
+    gpus = list(gpus or []) or sorted(gs["gpus"])
+    ours, foreign = classify_gpu_processes(gs["processes"], unit, gpus)
+    used = {str(i): gs["gpus"].get(i, {}).get("memory_used_mib", 0) for i in gpus}
+    pids = unit_pids(unit)
+    result = {
+        "unit": unit_state(unit),
+        "unit_pids": pids,
+        "gpus": gpus,
+        "gpu_memory_used_mib": used,
+        "gpu_ours": ours,
+        "gpu_foreign": foreign,
+        "gpu_foreign_text": describe_processes(foreign),
+        "released": not pids and not ours and all(v <= idle_memory_mib for v in used.values()),
+    }
+    lst, port_foreign = [], []
+    if port:
+        for entry in listeners(port):
+            owners = [pid_unit(pid) for pid in entry["pids"]]
+            entry["ours"] = bool(entry["pids"]) and all(o == unit for o in owners)
+            entry["units"] = owners
+            lst.append(entry)
+            if not entry["ours"]:
+                port_foreign.append(entry)
+    result["listeners"] = lst
+    result["port_foreign"] = port_foreign
+    return result
+
+
+def wait_released(unit, gpus, timeout, idle_memory_mib=512, poll=0.2, nvidia_smi="nvidia-smi"):
+    """Poll until the unit has no process and its GPUs' memory is released; (snapshot, seconds waited)."""
+    started = time.monotonic()
+    snap = snapshot(unit, gpus, 0, idle_memory_mib, nvidia_smi)
+    while not snap["released"] and time.monotonic() - started < timeout:
+        time.sleep(poll)
+        snap = snapshot(unit, gpus, 0, idle_memory_mib, nvidia_smi)
+    return snap, round(time.monotonic() - started, 3)
+
+
+def not_released_message(snap, unit, waited, idle_memory_mib):
+    holders = snap["gpu_ours"] + snap["gpu_foreign"]
+    parts = []
+    if snap["unit_pids"]:
+        parts.append(f"processes still in {unit}: {snap['unit_pids']}")
+    if holders:
+        parts.append("GPU memory held by " + describe_processes(holders))
+    busy = {k: v for k, v in snap["gpu_memory_used_mib"].items() if v > idle_memory_mib}
+    if busy and not holders:
+        parts.append(f"GPU memory used with no process listed: {busy} MiB")
+    return (
+        f"GPU memory not released {waited:.1f} s after stopping {unit}: "
+        + "; ".join(parts)
+        + ". A process that is gone but still holds memory (leaked allocation) is freed only by a GPU "
+        "reset or a reboot; a live one must be stopped (it is not part of the unit)."
+    )

@@ -1,0 +1,12 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
+pytest_plugins = ["gpufleet_testinfra"]
+
+
+@pytest.fixture(scope="module")
+def fault():
+    return "never-ready"

@@ -1,0 +1,127 @@
+"""Filters of roles/sglang_server: flags as data -> argv, exact-flag check, systemd quoting."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "roles" / "sglang_server" / "filter_plugins"))
+
+import sglang_server as f  # noqa: E402
+
+SIM_DUMP = REPO / "lab" / "sglang-sim" / "src" / "sglang_sim" / "data" / "server-args-0.5.9.json"
+
+
+def test_argument_table_matches_the_sglang_0_5_9_dump():
+    dump = json.loads(SIM_DUMP.read_text())
+    table = f.load_table()
+    assert {o for a in dump["arguments"] for o in a["options"]} == set(table)
+    for arg in dump["arguments"]:
+        entry = table[arg["options"][0]]
+        assert entry["dest"] == arg["dest"]
+        if arg["action"] == "_StoreTrueAction":
+            assert entry["kind"] == "flag"
+        if arg["nargs"] in ("+", "*"):
+            assert entry["kind"] == "list"
+
+
+def test_rendering_rules():
+    argv = f.sglang_argv(
+        {
+            "trust-remote-code": True,
+            "disable-cuda-graph": False,
+            "enable-metrics": None,
+            "cuda-graph-bs": [1, 2, 4],
+            "json-model-override-args": {"rope_scaling": {"type": "yarn", "factor": 2.0}},
+            "mem-fraction-static": 0.92,
+            "port": 8000,
+            "--host": "0.0.0.0",
+        }
+    )
+    assert argv == [
+        "--trust-remote-code",
+        "--cuda-graph-bs", "1", "2", "4",
+        "--json-model-override-args", '{"rope_scaling":{"type":"yarn","factor":2.0}}',
+        "--mem-fraction-static", "0.92",
+        "--port", "8000",
+        "--host", "0.0.0.0",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ({"tp-size": True}, "takes a value"),
+        ({"trust-remote-code": "yes"}, "is a switch"),
+        ({"port": [1, 2]}, "takes one value"),
+        ({"model": "/m", "model-path": "/n"}, "are the same SGLang option"),
+        ({"api-key": "k"}, "sglang_server_api_key"),
+        ({"config": "/x.yaml"}, "passes --config itself"),
+        ({"hybrid-kvcache-ratio": True}, "deprecated"),
+        ({"kv-cache-dtype": "fp9"}, "not one of its choices"),
+        ({"served-model-name": "a\nb"}, "multi-line"),
+    ],
+)
+def test_bad_shapes_are_refused_with_the_option_named(args, words):
+    with pytest.raises(f.SglangArgsError, match=words):
+        f.sglang_argv(args)
+
+
+def test_a_null_layer_value_removes_a_lower_layer_flag():
+    assert f.sglang_argv({"model": "/m", "model-path": None}) == ["--model", "/m"]
+
+
+def test_exact_flags_and_suggestions():
+    help_options = ["--tp-size", "--tensor-parallel-size", "--nsa-decode-backend", "--nsa-prefill-backend", "--port"]
+    assert f.sglang_flag_problems({"tp-size": 8, "port": 1}, help_options) == []
+    problems = f.sglang_flag_problems({"nsa-decode-backen": "trtllm", "tp": 8, "port": None, "bogus": 1}, help_options)
+    assert len(problems) == 3  # port is omitted (null): not rendered, not checked
+    assert "--nsa-decode-backen is not an option" in problems[0]
+    assert "did you mean --nsa-decode-backend" in problems[0]
+    assert "abbreviation of --tp-size" in problems[1]
+    assert "--bogus is not an option" in problems[2] and "did you mean" not in problems[2]
+
+
+def test_help_options_are_read_from_real_help_text():
+    text = "  --tensor-parallel-size TENSOR_PARALLEL_SIZE, --tp-size TENSOR_PARALLEL_SIZE\n  --api-key API_KEY  x\n"
+    assert f.sglang_help_options(text) == ["--api-key", "--tensor-parallel-size", "--tp-size"]
+
+
+def test_arg_lookup_by_any_alias_and_gpu_indices():
+    args = {"tensor-parallel-size": 4, "model": "/m", "base-gpu-id": 2}
+    assert f.sglang_arg(args, "tp-size") == 4
+    assert f.sglang_arg(args, "model-path") == "/m"
+    assert f.sglang_gpu_indices(args, 8) == [2, 3, 4, 5]
+    assert f.sglang_gpu_indices({"tp-size": 8}, 8) == list(range(8))
+    assert f.sglang_gpu_indices({"tp-size": 2, "dp-size": 2}, 8) == [0, 1, 2, 3]
+    assert f.sglang_gpu_indices({"tp-size": 4, "dp-size": 2, "enable-dp-attention": True}, 8) == [0, 1, 2, 3]
+    assert f.sglang_gpu_indices({"tp-size": 8, "nnodes": 2}, 8) == [0, 1, 2, 3]
+
+
+def test_systemd_quoting_round_trips_through_a_shell_like_split():
+    argv = ["/opt/p/bin/python", "-m", "x", "--json", '{"a": "b c"}', "--pct", "50%", "--d", "$HOME", "plain"]
+    line = f.systemd_exec_args(argv)
+    assert "%%" in line and "$$HOME" in line
+    # systemd unescapes %% and $$; after that the quoting is shell-compatible
+    assert shlex.split(line.replace("%%", "%").replace("$$", "$")) == argv
+
+
+def test_environment_lines_are_sorted_quoted_and_drop_nulls():
+    lines = f.systemd_environment({"B": "x y", "A": 1, "C": None, "P": "100%", "T": True})
+    assert lines == ['"A=1"', '"B=x y"', '"P=100%%"', '"T=1"']
+    with pytest.raises(f.SglangArgsError):
+        f.systemd_environment({"bad-name": "x"})
+
+
+def test_env_file_lines_escape_shell_and_quotes():
+    assert f.env_file_line("K", 'a"b$c\\d') == 'K="a\\"b\\$c\\\\d"'
+
+
+def test_local_model_detection():
+    assert f.sglang_model_is_local("/srv/models/glm-5")
+    assert not f.sglang_model_is_local("lukealonso/GLM-5-NVFP4")
