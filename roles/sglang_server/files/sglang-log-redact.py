@@ -10,9 +10,12 @@ from its --config file).
 
   python sglang-log-redact.py -- PYTHON -m sglang.launch_server ARGS...
 
-Signals: it ignores SIGTERM/SIGINT and exits with the engine's status once the engine's output closes.
-The unit uses KillMode=control-group, so systemd's SIGTERM reaches the engine (and every child) directly
-and the drain is the engine's own; SIGKILL after TimeoutStopSec reaches every process too.
+Signals: SIGTERM/SIGINT are forwarded to the engine's main process (which drains and stops its own
+children, as SGLang does), and the launcher exits with the engine's status once the engine's output closes.
+With KillMode=control-group systemd also signals every process itself; forwarding keeps the stop working
+where only the main process is signalled (KillMode=mixed, or a cgroup that cannot be killed as a whole, as
+in containers whose systemd reports "Failed to kill control group ... Input/output error"). SIGKILL after
+TimeoutStopSec still ends everything.
 """
 
 import os
@@ -42,6 +45,7 @@ def main(argv):
     env = {k: v for k, v in os.environ.items() if k not in CHILD_DROPS}
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    child = None
     try:
         child = subprocess.Popen(
             command,
@@ -57,6 +61,13 @@ def main(argv):
     except OSError as exc:
         sys.stderr.write(f"sglang-log-redact: cannot start {command[0]}: {exc}\n")
         return 127
+
+    def forward(signum, _frame):
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
     out = sys.stdout.buffer
     for line in iter(child.stdout.readline, b""):
         out.write(redact(line, secrets))
