@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet_lab import network
+from gpufleet_lab import cgroups, network
 from gpufleet_lab.base import DEFAULT_MIRROR, ensure_base
 from gpufleet_lab.equipment import install_equipment
 from gpufleet_lab.sysutil import (
@@ -227,6 +227,12 @@ class Lab:
         (root / "etc/ssh/sshd_config.d/gpufleet-lab.conf").write_text("HostKey /etc/ssh/ssh_host_ed25519_key\n")
         install_equipment(root, profile)
         network.create_host_link(record["netns"], record["veth"], self.bridge, f"{address}/{subnet.prefixlen}", gateway)
+        # The host's own cgroup subtree (see cgroups.py): nspawn starts inside it, so the container's
+        # systemd gets a cgroup tree that holds this host's processes only and can kill a unit's cgroup.
+        cgroup_dirs = cgroups.host_dirs(self.name, name)
+        record["cgroups"] = [str(d) for d in cgroup_dirs]
+        cgroups.remove(cgroup_dirs)  # a leftover of a killed run of this host
+        cgroups.create(cgroup_dirs)
         log = open(hdir / "nspawn.log", "ab")  # noqa: SIM115 - handed to the long-lived child
         proc = subprocess.Popen(
             [
@@ -249,6 +255,7 @@ class Lab:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=lambda: cgroups.enter(cgroup_dirs),  # the lab tool runs no threads
         )
         log.close()
         record["nspawn_pid"] = proc.pid
@@ -331,6 +338,11 @@ class Lab:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)
             time.sleep(0.1)
+        # Whatever is left in the host's cgroup subtree (recorded, or named after lab and host for a
+        # record written before there was one), then the subtree itself.
+        if record.get("name"):
+            dirs = {Path(d) for d in record.get("cgroups", [])} | set(cgroups.host_dirs(self.name, record["name"]))
+            cgroups.remove(sorted(dirs))
         for point in mounted_under(Path(record["dir"])):
             if run(["umount", point], check=False).returncode != 0:
                 run(["umount", "-l", point])
@@ -349,6 +361,8 @@ class Lab:
         for netns in network.list_netns():
             if netns.startswith(f"{self.name}-") and netns[len(self.name) + 1 :].isdigit():
                 self._destroy_host({"netns": netns, "veth": "", "dir": str(self.dir / "hosts" / netns)})
+        cgroups.remove(cgroups.lab_dirs(self.name))
+        cgroups.remove_empty_parents(self.name)
         network.delete_nat(self.nat_comment)
         network.delete_link(self.bridge)
         shutil.rmtree(self.dir, ignore_errors=True)
