@@ -95,23 +95,28 @@ class Lab:
     # ----- up ------------------------------------------------------------------------------------
     def up(self, spec: LabSpec) -> dict:
         """Make the lab match spec; returns a summary with what changed."""
-        state = self.load()
-        subnet = ipaddress.ip_network(spec.subnet or state.get("subnet") or self._pick_subnet())
-        if state.get("subnet") and str(subnet) != state["subnet"]:
-            raise LabError(
-                f"lab {self.name!r} already runs on {state['subnet']}; run 'down' first to move it to {subnet}"
-            )
-        if subnet.prefixlen > 28 or subnet.num_addresses - 3 < spec.hosts:
-            raise LabError(f"subnet {subnet} has too few addresses for {spec.hosts} hosts")
-        network.check_subnet_free(subnet, self.bridge)
-        state.update(name=self.name, subnet=str(subnet), bridge=self.bridge, mirror=spec.mirror)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.save(state)
         base = ensure_base(CACHE_DIR, spec.mirror, log=self.log)
+        state = self.load()
+        with network.network_lock():
+            # Under the lock: another lab's `up` must see this subnet routed before it picks one.
+            subnet = ipaddress.ip_network(spec.subnet or state.get("subnet") or self._pick_subnet())
+            if state.get("subnet") and str(subnet) != state["subnet"]:
+                raise LabError(
+                    f"lab {self.name!r} already runs on {state['subnet']}; run 'down' first to move it to {subnet}"
+                )
+            if subnet.prefixlen > 28 or subnet.num_addresses - 3 < spec.hosts:
+                raise LabError(f"subnet {subnet} has too few addresses for {spec.hosts} hosts")
+            network.check_subnet_free(subnet, self.bridge)
+            state.update(name=self.name, subnet=str(subnet), bridge=self.bridge, mirror=spec.mirror)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.save(state)
+            gateway = str(next(subnet.hosts()))
+            bridge_changed = network.ensure_bridge(self.bridge, f"{gateway}/{subnet.prefixlen}")
+            nat_changed = network.ensure_nat(str(subnet), self.bridge, self.nat_comment)
+            # <hierarchy>/gpufleet-lab/<lab>: under the lock, as another lab's `down` removes an empty
+            # <hierarchy>/gpufleet-lab under it.
+            cgroups.create(cgroups.lab_dirs(self.name))
         self._ensure_key()
-        gateway = str(next(subnet.hosts()))
-        bridge_changed = network.ensure_bridge(self.bridge, f"{gateway}/{subnet.prefixlen}")
-        nat_changed = network.ensure_nat(str(subnet), self.bridge, self.nat_comment)
 
         wanted = self.host_names(spec.hosts, spec.host_names)
         addresses = list(subnet.hosts())[1 : spec.hosts + 1]
@@ -362,12 +367,13 @@ class Lab:
             if netns.startswith(f"{self.name}-") and netns[len(self.name) + 1 :].isdigit():
                 self._destroy_host({"netns": netns, "veth": "", "dir": str(self.dir / "hosts" / netns)})
         cgroups.remove(cgroups.lab_dirs(self.name))
-        cgroups.remove_empty_parents(self.name)
-        network.delete_nat(self.nat_comment)
-        network.delete_link(self.bridge)
-        shutil.rmtree(self.dir, ignore_errors=True)
-        if not any(STATE_ROOT.glob("*/state.json")):
-            network.restore_ip_forward()
+        with network.network_lock():
+            cgroups.remove_empty_parents(self.name)
+            network.delete_nat(self.nat_comment)
+            network.delete_link(self.bridge)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            if not any(STATE_ROOT.glob("*/state.json")):
+                network.restore_ip_forward()
         return {"lab": self.name, "removed": removed, "changed": bool(removed)}
 
     def gateway(self) -> str:
