@@ -45,3 +45,13 @@ def _root_only():
     # A refusal, not a skip: a skipped lab suite reads as a pass in CI summaries.
     if os.geteuid() != 0:
         pytest.fail(NOT_ROOT, pytrace=False)
+
+
+def cgroup_mounts() -> list[Path]:
+    """cgroup2 and name=systemd hierarchies, read from /proc/self/mounts (independently of the lab tool)."""
+    points = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, point, fstype, options, *_ = line.split()
+        if fstype == "cgroup2" or (fstype == "cgroup" and "name=systemd" in options.split(",")):
+            points.append(Path(point))
+    return points

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LAB_ENV, lab, lab_json
+from conftest import LAB_ENV, cgroup_mounts, lab, lab_json
 
 NAME = "t-cgroup"
 HOSTS = [f"{NAME}-01", f"{NAME}-02"]
@@ -145,16 +145,6 @@ def test_mixed_stop_terms_the_main_process_only_and_kills_the_rest_after_it(host
     finally:
         for host in hosts:
             sh(host, f"systemctl stop {unit}", check=False)
-
-
-def cgroup_mounts() -> list[Path]:
-    """cgroup2 and name=systemd hierarchies, read from /proc/self/mounts (independently of the lab tool)."""
-    points = []
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        _, point, fstype, options, *_ = line.split()
-        if fstype == "cgroup2" or (fstype == "cgroup" and "name=systemd" in options.split(",")):
-            points.append(Path(point))
-    return points
 
 
 def test_each_host_runs_in_its_own_cgroup_subtree(hosts):
