@@ -55,6 +55,16 @@ def short_id(name: str) -> str:
     return hashlib.sha1(name.encode()).hexdigest()[:6]
 
 
+def subnet_candidates(name: str, count: int = 64) -> list[ipaddress.IPv4Network]:
+    """Subnets a lab other than the default one tries, in order: a stable /24 in 10.200-10.254 derived
+    from its name, then the next ones (different names can start on the same /24)."""
+    seed = int(short_id(name), 16)
+    return [
+        ipaddress.ip_network(f"10.{200 + (seed + attempt) % 55}.{(seed // 55 + attempt) % 256}.0/24")
+        for attempt in range(count)
+    ]
+
+
 def validate_name(name: str) -> None:
     if not name or len(name) > 40 or not all(c.isalnum() or c == "-" for c in name) or name[0] == "-":
         raise LabError(f"lab name {name!r} is invalid: use letters, digits and '-', at most 40 characters")
@@ -155,12 +165,10 @@ class Lab:
         }
 
     def _pick_subnet(self) -> str:
+        """A free subnet for the lab; called under network.network_lock() (see up)."""
         if self.name == DEFAULT_NAME:
             return DEFAULT_SUBNET
-        # Other labs: a stable /24 in 10.200-10.254 derived from the name, moved on if taken.
-        seed = int(short_id(self.name), 16)
-        for attempt in range(64):
-            candidate = ipaddress.ip_network(f"10.{200 + (seed + attempt) % 55}.{(seed // 55 + attempt) % 256}.0/24")
+        for candidate in subnet_candidates(self.name):
             if network.subnet_is_free(candidate, self.bridge):
                 return str(candidate)
         raise LabError("no free /24 found for the lab in 10.200.0.0-10.254.255.0: pass --subnet")

@@ -12,6 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_ENV = dict(os.environ, PYTHONPATH=str(ROOT / "lab"))
+if str(ROOT / "lab") not in sys.path:
+    sys.path.insert(0, str(ROOT / "lab"))  # tests import the lab tool's pure helpers
 
 
 def lab(*args: str, check: bool = True) -> subprocess.CompletedProcess:
