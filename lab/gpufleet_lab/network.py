@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -11,6 +13,19 @@ from gpufleet_lab.sysutil import LabError, run
 
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 IP_FORWARD_SAVED = Path(os.environ.get("GPUFLEET_LAB_STATE", "/var/lib/gpufleet-lab")) / "ip_forward.before"
+
+
+@contextlib.contextmanager
+def _forward_lock():
+    """Serialise ip_forward changes between labs going up and down at once (parallel Molecule scenarios).
+
+    Without it, the last lab going down can read "no other lab" just before another lab saves its state
+    and then switch forwarding off under that lab's feet.
+    """
+    IP_FORWARD_SAVED.parent.mkdir(parents=True, exist_ok=True)
+    with (IP_FORWARD_SAVED.parent / ".ip_forward.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def _routes() -> list[dict]:
@@ -74,12 +89,12 @@ def _rule_lines(table: str, comment: str) -> list[str]:
 def ensure_nat(subnet: str, bridge: str, comment: str) -> bool:
     """Masquerade the lab subnet and allow forwarding for it; True when anything changed."""
     changed = False
-    if IP_FORWARD.read_text().strip() != "1":
-        if not IP_FORWARD_SAVED.exists():
-            IP_FORWARD_SAVED.parent.mkdir(parents=True, exist_ok=True)
-            IP_FORWARD_SAVED.write_text(IP_FORWARD.read_text())
-        IP_FORWARD.write_text("1\n")
-        changed = True
+    with _forward_lock():
+        if IP_FORWARD.read_text().strip() != "1":
+            if not IP_FORWARD_SAVED.exists():
+                IP_FORWARD_SAVED.write_text(IP_FORWARD.read_text())
+            IP_FORWARD.write_text("1\n")
+            changed = True
     wanted = [
         ("nat", ["POSTROUTING", "-s", subnet, "!", "-o", bridge, "-j", "MASQUERADE"]),
         ("filter", ["FORWARD", "-i", bridge, "-j", "ACCEPT"]),
@@ -106,10 +121,12 @@ def delete_nat(comment: str) -> None:
             run(["iptables", "-t", table, "-D", *[a.strip('"') for a in args[1:]]], check=False)
 
 
-def restore_ip_forward() -> None:
-    if IP_FORWARD_SAVED.exists():
-        IP_FORWARD.write_text(IP_FORWARD_SAVED.read_text())
-        IP_FORWARD_SAVED.unlink()
+def restore_ip_forward(state_root: Path) -> None:
+    """Put ip_forward back as it was before the first lab, once no lab's state is left under state_root."""
+    with _forward_lock():
+        if not any(state_root.glob("*/state.json")) and IP_FORWARD_SAVED.exists():
+            IP_FORWARD.write_text(IP_FORWARD_SAVED.read_text())
+            IP_FORWARD_SAVED.unlink()
 
 
 def list_netns() -> list[str]:
