@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -59,7 +60,7 @@ class Scenario:
 @dataclass
 class Result:
     scenario: Scenario
-    rc: int
+    rc: int | None  # None: not run (the runner was interrupted first)
     seconds: float
     log: Path
 
@@ -107,6 +108,7 @@ def scenario_env(scenario: Scenario) -> dict[str, str]:
         ANSIBLE_FORCE_COLOR="0",
         PY_COLORS="0",
         NO_COLOR="1",
+        PYTHONUNBUFFERED="1",
         # Molecule's working directory (and so the lab's name) belongs to this checkout and scenario.
         MOLECULE_EPHEMERAL_DIRECTORY=str(ephemeral),
         # The project's ansible.cfg caches facts in .cache/facts by host name; scenarios share host names.
@@ -127,8 +129,18 @@ class Runner:
         self.jobs = jobs
         self.started = time.monotonic()
         self.lock = threading.Lock()
-        self.running: set[str] = set()
+        self.running: dict[str, subprocess.Popen] = {}
         self.done = 0
+        self.stopping = False
+
+    def stop(self, signum: int, _frame) -> None:
+        """SIGINT/SIGTERM: start nothing more, pass the signal on to the running scenarios."""
+        self.stopping = True
+        with self.lock:
+            procs = list(self.running.values())
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
 
     def say(self, text: str) -> None:
         with self.lock:
@@ -136,8 +148,9 @@ class Runner:
 
     def run_one(self, scenario: Scenario) -> Result:
         log = LOG_DIR / f"{scenario.slug}.log"
-        with self.lock:
-            self.running.add(scenario.label)
+        if self.stopping:
+            log.write_text("not run: the runner was interrupted\n")
+            return Result(scenario, None, 0.0, log)
         self.say(f"start  {scenario.label}  (log {log.relative_to(ROOT)})")
         began = time.monotonic()
         with log.open("w") as handle:
@@ -152,13 +165,16 @@ class Runner:
                 text=True,
                 errors="replace",
             ) as proc:
+                with self.lock:
+                    self.running[scenario.label] = proc
                 # Each line stamped with the time since the scenario began: the phases' costs can be read off.
                 for line in proc.stdout:
                     handle.write(f"[{fmt(time.monotonic() - began):>6}] {line}")
+                    handle.flush()
             rc = proc.returncode
         seconds = time.monotonic() - began
         with self.lock:
-            self.running.discard(scenario.label)
+            self.running.pop(scenario.label)
             self.done += 1
             done, running = self.done, len(self.running)
         self.say(
@@ -170,8 +186,13 @@ class Runner:
     def run(self) -> list[Result]:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         self.say(f"{len(self.scenarios)} Molecule scenarios, {self.jobs} at a time, longest first")
-        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-            return list(pool.map(self.run_one, self.scenarios))
+        previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+                return list(pool.map(self.run_one, self.scenarios))
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def main(argv: list[str]) -> int:
@@ -206,14 +227,17 @@ def main(argv: list[str]) -> int:
     wall = time.monotonic() - runner.started
     record_durations(results)
     failed = [r for r in results if r.rc != 0]
-    for result in failed:
+    for result in (r for r in failed if r.rc is not None):
         print(f"\n{'=' * 30} FAILED {result.scenario.label}: {result.log.relative_to(ROOT)} {'=' * 30}")
         print(result.log.read_text(errors="replace"), end="", flush=True)
         print(f"{'=' * 30} end of {result.scenario.label} {'=' * 30}")
     print(f"\nMolecule scenarios ({runner.jobs} at a time, wall time {fmt(wall)}):")
     for result in sorted(results, key=lambda r: -r.seconds):
-        print(f"  {'PASS' if result.rc == 0 else 'FAIL'}  {result.scenario.label:<45} {fmt(result.seconds):>7}")
+        verdict = "PASS" if result.rc == 0 else "SKIP" if result.rc is None else "FAIL"
+        print(f"  {verdict}  {result.scenario.label:<45} {fmt(result.seconds):>7}")
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed", flush=True)
+    if runner.stopping:
+        return 130
     return 1 if failed else 0
 
 
