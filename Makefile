@@ -12,6 +12,8 @@ PROFILE ?= rtx-pro-6000x8-vm
 LAB ?= gpufleet
 SUBNET ?=
 SCENARIO ?=
+# Molecule scenarios run at once (empty: tools/run_molecule.py picks two per core, at most 6).
+MOLECULE_JOBS ?=
 LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
 
 .PHONY: help setup apt venv collections deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-tests molecule bench-lab
@@ -20,7 +22,7 @@ help:
 	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
 	@echo "make test          lint + unit tests + lab tests + every Molecule scenario"
 	@echo "make lab-up HOSTS=N [PROFILE=p1,p2] [LAB=name SUBNET=10.x.y.0/24] / make lab-down [LAB=name]"
-	@echo "make molecule [SCENARIO=roles/<role>:default or molecule:<scenario>]"
+	@echo "make molecule [SCENARIO=roles/<role>:default or molecule:<scenario>] [MOLECULE_JOBS=n]"
 	@echo "make bench-lab     time lab bring-up (2 and 8 hosts) and make test; saves JSON in benchmarks/results"
 
 setup: apt venv collections
@@ -62,7 +64,9 @@ lab-down:
 lab-status:
 	python -m gpufleet_lab --name $(LAB) status
 
-test: setup lint unit lab-tests molecule
+# Groups in order, stopping at the first that fails; the last line gives each group's time.
+test:
+	@python3 tools/timed_groups.py setup lint unit lab-tests molecule
 
 lint:
 	ruff check .
@@ -78,7 +82,7 @@ lab-tests:
 
 molecule:
 	python -m gpufleet_lab prune
-	.venv/bin/python tools/run_molecule.py $(SCENARIO)
+	.venv/bin/python tools/run_molecule.py $(if $(MOLECULE_JOBS),--jobs $(MOLECULE_JOBS)) $(SCENARIO)
 
 bench-lab: setup
 	.venv/bin/python benchmarks/bench_lab.py

@@ -1,48 +1,105 @@
-"""Run Molecule scenarios: every one in the project (default) or those named.
+"""Run Molecule scenarios in parallel: every one in the project (default) or those named.
 
-Scenarios live in molecule/<name>/ (project-wide) and roles/<role>/molecule/<name>/ (per role).
-Each runs `molecule test` from its owner directory; all run even when one fails, then a summary
-is printed and the exit status is non-zero if any failed.
+Scenarios live in molecule/<name>/ (project-wide) and roles/<role>/molecule/<name>/ (per role). Each runs
+`molecule test` from its owner directory, in a pool of MOLECULE_JOBS workers (default: see default_jobs),
+longest first (last measured durations, else the committed estimates in tools/molecule_durations.json).
+Each scenario's whole output goes to .cache/molecule-logs/<scenario>.log; the console gets one line per
+start and finish. All run even when one fails; at the end the full log of every failed scenario is
+printed, then the summary (each scenario's time) and `N passed, N failed`; the exit status is non-zero
+if any failed.
+
+What keeps parallel scenarios apart: each has its own lab (molecule/shared/create.yml names it from
+MOLECULE_EPHEMERAL_DIRECTORY; the lab tool gives each lab its own bridge, /24 and NAT rules) and this
+runner gives each its own ephemeral directory under this checkout (so two checkouts on one machine never
+share a lab) and its own Ansible fact cache (host names such as sglang-01 repeat across scenarios).
 
   python tools/run_molecule.py                       # every scenario
   python tools/run_molecule.py roles/ml_env:default  # one role scenario
   python tools/run_molecule.py molecule:lab_harness  # one project scenario
+  python tools/run_molecule.py -j 1                  # one after another (or MOLECULE_JOBS=1)
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".cache"
+LOG_DIR = CACHE / "molecule-logs"
+EPHEMERAL_ROOT = CACHE / "molecule"
+DURATIONS_FILE = CACHE / "molecule-durations.json"
+ESTIMATES_FILE = Path(__file__).with_name("molecule_durations.json")
 
 
-def discover() -> list[tuple[Path, str]]:
-    found = [(ROOT, p.parent.name) for p in sorted(ROOT.glob("molecule/*/molecule.yml"))]
-    found += [(p.parents[2], p.parent.name) for p in sorted(ROOT.glob("roles/*/molecule/*/molecule.yml"))]
+@dataclass
+class Scenario:
+    owner: Path
+    name: str
+
+    @property
+    def label(self) -> str:
+        rel = self.owner.relative_to(ROOT)
+        return f"{'molecule' if rel == Path('.') else rel}:{self.name}"
+
+    @property
+    def slug(self) -> str:
+        """The label as one file name: roles/ml_env:default -> roles-ml_env-default."""
+        return self.label.replace("/", "-").replace(":", "-")
+
+
+@dataclass
+class Result:
+    scenario: Scenario
+    rc: int | None  # None: not run (the runner was interrupted first)
+    seconds: float
+    log: Path
+
+
+def discover() -> list[Scenario]:
+    found = [Scenario(ROOT, p.parent.name) for p in sorted(ROOT.glob("molecule/*/molecule.yml"))]
+    found += [Scenario(p.parents[2], p.parent.name) for p in sorted(ROOT.glob("roles/*/molecule/*/molecule.yml"))]
     return found
 
 
-def label(owner: Path, scenario: str) -> str:
-    rel = owner.relative_to(ROOT)
-    return f"{'molecule' if rel == Path('.') else rel}:{scenario}"
+def default_jobs() -> int:
+    """Scenarios mostly wait (host boots, engine start-up, ssh round trips): two per core, at most 6."""
+    return max(1, min(6, 2 * (os.cpu_count() or 1)))
 
 
-def main(argv: list[str]) -> int:
-    scenarios = discover()
-    if argv:
-        wanted = set(argv)
-        scenarios = [s for s in scenarios if label(*s) in wanted]
-        unknown = wanted - {label(*s) for s in scenarios}
-        if unknown:
-            print(
-                f"unknown scenarios: {', '.join(sorted(unknown))}; known: {', '.join(label(*s) for s in discover())}",
-                file=sys.stderr,
-            )
-            return 2
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def ordered(scenarios: list[Scenario]) -> list[Scenario]:
+    """Longest first (last measured time on this machine, else the committed estimate); unknown ones first."""
+    known = {**_read_json(ESTIMATES_FILE), **_read_json(DURATIONS_FILE)}
+    return sorted(scenarios, key=lambda s: -known.get(s.label, float("inf")))
+
+
+def record_durations(results: list[Result]) -> None:
+    durations = _read_json(DURATIONS_FILE)
+    durations.update({r.scenario.label: round(r.seconds) for r in results if r.rc == 0})
+    DURATIONS_FILE.parent.mkdir(parents=True, exist_ok=True)
+    tmp = DURATIONS_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(durations, indent=2, sort_keys=True) + "\n")
+    tmp.replace(DURATIONS_FILE)
+
+
+def scenario_env(scenario: Scenario) -> dict[str, str]:
+    ephemeral = EPHEMERAL_ROOT / scenario.slug
     env = dict(
         os.environ,
         GPUFLEET_ROOT=str(ROOT),
@@ -50,21 +107,138 @@ def main(argv: list[str]) -> int:
         HF_HUB_OFFLINE="1",
         ANSIBLE_FORCE_COLOR="0",
         PY_COLORS="0",
+        NO_COLOR="1",
+        PYTHONUNBUFFERED="1",
+        # Molecule's working directory (and so the lab's name) belongs to this checkout and scenario.
+        MOLECULE_EPHEMERAL_DIRECTORY=str(ephemeral),
+        # The project's ansible.cfg caches facts in .cache/facts by host name; scenarios share host names.
+        ANSIBLE_CACHE_PLUGIN_CONNECTION=str(ephemeral / "facts"),
     )
     env["PATH"] = f"{ROOT / '.venv' / 'bin'}:{env.get('PATH', '')}"
-    results = []
-    for owner, scenario in scenarios:
-        name = label(owner, scenario)
-        print(f"=== molecule test {name}", flush=True)
-        started = time.monotonic()
-        rc = subprocess.run(["molecule", "test", "-s", scenario], cwd=owner, env=env, check=False).returncode
-        results.append((name, rc, time.monotonic() - started))
-    print("\nMolecule scenarios:")
-    for name, rc, seconds in results:
-        print(f"  {'PASS' if rc == 0 else 'FAIL'}  {name}  ({seconds:.0f} s)")
-    failed = sum(1 for _, rc, _ in results if rc != 0)
-    print(f"{len(results) - failed} passed, {failed} failed")
-    return 1 if failed or not results else 0
+    return env
+
+
+def fmt(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+class Runner:
+    def __init__(self, scenarios: list[Scenario], jobs: int):
+        self.scenarios = scenarios
+        self.jobs = jobs
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+        self.running: dict[str, subprocess.Popen] = {}
+        self.done = 0
+        self.stopping = False
+
+    def stop(self, signum: int, _frame) -> None:
+        """SIGINT/SIGTERM: start nothing more, pass the signal on to the running scenarios."""
+        self.stopping = True
+        with self.lock:
+            procs = list(self.running.values())
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    def say(self, text: str) -> None:
+        with self.lock:
+            print(f"[{fmt(time.monotonic() - self.started):>6}] {text}", flush=True)
+
+    def run_one(self, scenario: Scenario) -> Result:
+        log = LOG_DIR / f"{scenario.slug}.log"
+        if self.stopping:
+            log.write_text("not run: the runner was interrupted\n")
+            return Result(scenario, None, 0.0, log)
+        self.say(f"start  {scenario.label}  (log {log.relative_to(ROOT)})")
+        began = time.monotonic()
+        with log.open("w") as handle:
+            handle.write(f"$ cd {scenario.owner} && molecule test -s {scenario.name}\n")
+            with subprocess.Popen(
+                ["molecule", "test", "-s", scenario.name],
+                cwd=scenario.owner,
+                env=scenario_env(scenario),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+            ) as proc:
+                with self.lock:
+                    self.running[scenario.label] = proc
+                # Each line stamped with the time since the scenario began: the phases' costs can be read off.
+                for line in proc.stdout:
+                    handle.write(f"[{fmt(time.monotonic() - began):>6}] {line}")
+                    handle.flush()
+            rc = proc.returncode
+        seconds = time.monotonic() - began
+        with self.lock:
+            self.running.pop(scenario.label)
+            self.done += 1
+            done, running = self.done, len(self.running)
+        self.say(
+            f"{'PASS' if rc == 0 else 'FAIL'}   {scenario.label}  {fmt(seconds)}"
+            f"  [{done}/{len(self.scenarios)} done, {running} running]"
+        )
+        return Result(scenario, rc, seconds, log)
+
+    def run(self) -> list[Result]:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self.say(f"{len(self.scenarios)} Molecule scenarios, {self.jobs} at a time, longest first")
+        previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+                return list(pool.map(self.run_one, self.scenarios))
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("scenarios", nargs="*", help="labels such as roles/ml_env:default (default: all)")
+    parser.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=int(os.environ.get("MOLECULE_JOBS") or default_jobs()),
+        help="scenarios run at once (env MOLECULE_JOBS; default %(default)s on this machine)",
+    )
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    scenarios = discover()
+    if args.scenarios:
+        wanted = set(args.scenarios)
+        scenarios = [s for s in scenarios if s.label in wanted]
+        unknown = wanted - {s.label for s in scenarios}
+        if unknown:
+            print(
+                f"unknown scenarios: {', '.join(sorted(unknown))}; known: {', '.join(s.label for s in discover())}",
+                file=sys.stderr,
+            )
+            return 2
+    if not scenarios:
+        print("no Molecule scenarios found", file=sys.stderr)
+        return 1
+    runner = Runner(ordered(scenarios), min(args.jobs, len(scenarios)))
+    results = runner.run()
+    wall = time.monotonic() - runner.started
+    record_durations(results)
+    failed = [r for r in results if r.rc != 0]
+    for result in (r for r in failed if r.rc is not None):
+        print(f"\n{'=' * 30} FAILED {result.scenario.label}: {result.log.relative_to(ROOT)} {'=' * 30}")
+        print(result.log.read_text(errors="replace"), end="", flush=True)
+        print(f"{'=' * 30} end of {result.scenario.label} {'=' * 30}")
+    print(f"\nMolecule scenarios ({runner.jobs} at a time, wall time {fmt(wall)}):")
+    for result in sorted(results, key=lambda r: -r.seconds):
+        verdict = "PASS" if result.rc == 0 else "SKIP" if result.rc is None else "FAIL"
+        print(f"  {verdict}  {result.scenario.label:<45} {fmt(result.seconds):>7}")
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed", flush=True)
+    if runner.stopping:
+        return 130
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

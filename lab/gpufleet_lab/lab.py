@@ -380,8 +380,7 @@ class Lab:
             network.delete_nat(self.nat_comment)
             network.delete_link(self.bridge)
             shutil.rmtree(self.dir, ignore_errors=True)
-            if not any(STATE_ROOT.glob("*/state.json")):
-                network.restore_ip_forward()
+            network.restore_ip_forward(STATE_ROOT)
         return {"lab": self.name, "removed": removed, "changed": bool(removed)}
 
     def gateway(self) -> str:

@@ -35,6 +35,19 @@ def network_lock() -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def _forward_lock():
+    """Serialise ip_forward changes between labs going up and down at once (parallel Molecule scenarios).
+
+    Without it, the last lab going down can read "no other lab" just before another lab saves its state
+    and then switch forwarding off under that lab's feet.
+    """
+    IP_FORWARD_SAVED.parent.mkdir(parents=True, exist_ok=True)
+    with (IP_FORWARD_SAVED.parent / ".ip_forward.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def _routes() -> list[dict]:
     return json.loads(run(["ip", "-j", "route", "show", "table", "all"]).stdout or "[]")
 
@@ -96,12 +109,12 @@ def _rule_lines(table: str, comment: str) -> list[str]:
 def ensure_nat(subnet: str, bridge: str, comment: str) -> bool:
     """Masquerade the lab subnet and allow forwarding for it; True when anything changed."""
     changed = False
-    if IP_FORWARD.read_text().strip() != "1":
-        if not IP_FORWARD_SAVED.exists():
-            IP_FORWARD_SAVED.parent.mkdir(parents=True, exist_ok=True)
-            IP_FORWARD_SAVED.write_text(IP_FORWARD.read_text())
-        IP_FORWARD.write_text("1\n")
-        changed = True
+    with _forward_lock():
+        if IP_FORWARD.read_text().strip() != "1":
+            if not IP_FORWARD_SAVED.exists():
+                IP_FORWARD_SAVED.write_text(IP_FORWARD.read_text())
+            IP_FORWARD.write_text("1\n")
+            changed = True
     wanted = [
         ("nat", ["POSTROUTING", "-s", subnet, "!", "-o", bridge, "-j", "MASQUERADE"]),
         ("filter", ["FORWARD", "-i", bridge, "-j", "ACCEPT"]),
@@ -128,10 +141,12 @@ def delete_nat(comment: str) -> None:
             run(["iptables", "-t", table, "-D", *[a.strip('"') for a in args[1:]]], check=False)
 
 
-def restore_ip_forward() -> None:
-    if IP_FORWARD_SAVED.exists():
-        IP_FORWARD.write_text(IP_FORWARD_SAVED.read_text())
-        IP_FORWARD_SAVED.unlink()
+def restore_ip_forward(state_root: Path) -> None:
+    """Put ip_forward back as it was before the first lab, once no lab's state is left under state_root."""
+    with _forward_lock():
+        if not any(state_root.glob("*/state.json")) and IP_FORWARD_SAVED.exists():
+            IP_FORWARD.write_text(IP_FORWARD_SAVED.read_text())
+            IP_FORWARD_SAVED.unlink()
 
 
 def list_netns() -> list[str]:

@@ -10,6 +10,7 @@ that never calls ``stop`` leaves nothing behind for long. Tokens come from ``--t
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import signal
@@ -157,8 +158,14 @@ def cmd_wheelhouse(args) -> int:
     """Download pinned wheels (for CPython 3.11 on x86_64 Linux, no dependencies) into ``--dest``, once."""
     dest = Path(args.dest)
     dest.mkdir(parents=True, exist_ok=True)
+    # Shared by every lab on the machine: scenarios running at once must not download into it together.
+    with (dest / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _fill_wheelhouse(dest, sorted(args.packages))
+
+
+def _fill_wheelhouse(dest: Path, wanted: list[str]) -> int:
     stamp = dest / "wheelhouse.json"
-    wanted = sorted(args.packages)
     if stamp.exists() and json.loads(stamp.read_text()) == wanted:
         print(json.dumps({"changed": False, "dest": str(dest)}))
         return 0

@@ -1,0 +1,163 @@
+"""tools/run_molecule.py against a fake project: a fake `molecule` in <root>/.venv/bin plays the scenarios."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+# The fake molecule: records its environment, then behaves as the scenario's name says.
+#   meet-*  : waits (up to 20 s) until every meet-* scenario has started: passes only when they run at once
+#   bad     : prints a marker and fails
+FAKE_MOLECULE = """\
+#!/usr/bin/env python3
+import json, os, sys, time
+from pathlib import Path
+name = sys.argv[sys.argv.index("-s") + 1]
+record = Path(os.environ["FAKE_RECORD"])
+with record.open("a") as handle:
+    handle.write(json.dumps({"name": name, "cwd": os.getcwd(),
+        "ephemeral": os.environ["MOLECULE_EPHEMERAL_DIRECTORY"],
+        "facts": os.environ["ANSIBLE_CACHE_PLUGIN_CONNECTION"]}) + "\\n")
+print(f"fake molecule playing {name}", flush=True)
+if name.startswith("meet-"):
+    (record.parent / f"{name}.started").touch()
+    deadline = time.monotonic() + 20
+    while len(list(record.parent.glob("meet-*.started"))) < int(os.environ["FAKE_MEET"]):
+        if time.monotonic() > deadline:
+            print("the other scenarios never started beside me", flush=True)
+            sys.exit(1)
+        time.sleep(0.05)
+if name == "bad":
+    print("BAD-SCENARIO-DETAIL: converge failed on purpose", flush=True)
+    sys.exit(3)
+"""
+
+
+def load_runner(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / "run_molecule.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A fake project root with the runner's paths pointed into it."""
+    module = load_runner("run_molecule_under_test")
+    root = tmp_path / "project"
+    fake = root / ".venv" / "bin" / "molecule"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(FAKE_MOLECULE)
+    fake.chmod(0o755)
+    monkeypatch.setattr(module, "ROOT", root)
+    monkeypatch.setattr(module, "CACHE", root / ".cache")
+    monkeypatch.setattr(module, "LOG_DIR", root / ".cache" / "molecule-logs")
+    monkeypatch.setattr(module, "EPHEMERAL_ROOT", root / ".cache" / "molecule")
+    monkeypatch.setattr(module, "DURATIONS_FILE", root / ".cache" / "molecule-durations.json")
+    monkeypatch.setattr(module, "ESTIMATES_FILE", root / "estimates.json")
+    monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record.jsonl"))
+    monkeypatch.delenv("MOLECULE_JOBS", raising=False)
+    module.test_root = root
+    module.record = tmp_path / "record.jsonl"
+    return module
+
+
+def add(root: Path, owner: str, name: str) -> None:
+    base = root / ("molecule" if owner == "." else f"roles/{owner}/molecule") / name
+    base.mkdir(parents=True)
+    (base / "molecule.yml").write_text("---\nplatforms: []\n")
+
+
+def played(module) -> list[dict]:
+    return [json.loads(line) for line in module.record.read_text().splitlines()]
+
+
+def test_scenarios_run_at_once(project, monkeypatch, capsys):
+    for name in ("meet-a", "meet-b", "meet-c"):
+        add(project.test_root, "role1", name)
+    monkeypatch.setenv("FAKE_MEET", "3")
+    assert project.main(["--jobs", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "3 Molecule scenarios, 3 at a time" in out
+    assert out.rstrip().endswith("3 passed, 0 failed")
+
+
+def test_jobs_from_the_environment(project, monkeypatch, capsys):
+    for name in ("meet-a", "meet-b"):
+        add(project.test_root, "role1", name)
+    monkeypatch.setenv("FAKE_MEET", "2")
+    monkeypatch.setenv("MOLECULE_JOBS", "2")
+    assert project.main([]) == 0
+    assert "2 at a time" in capsys.readouterr().out
+
+
+def test_longest_first_unknown_before_known(project, capsys):
+    for owner, name in ((".", "short"), ("role1", "long"), ("role2", "middle"), ("role2", "new")):
+        add(project.test_root, owner, name)
+    (project.test_root / "estimates.json").write_text(
+        json.dumps({"molecule:short": 10, "roles/role1:long": 300, "roles/role2:middle": 90})
+    )
+    # A measurement on this machine beats the committed estimate.
+    project.DURATIONS_FILE.parent.mkdir(parents=True)
+    project.DURATIONS_FILE.write_text(json.dumps({"molecule:short": 500}))
+    assert project.main(["-j", "1"]) == 0
+    assert [p["name"] for p in played(project)] == ["new", "short", "long", "middle"]
+    durations = json.loads(project.DURATIONS_FILE.read_text())
+    assert set(durations) == {"molecule:short", "roles/role1:long", "roles/role2:middle", "roles/role2:new"}
+
+
+def test_each_scenario_has_its_own_directory_fact_cache_and_log(project, capsys):
+    add(project.test_root, ".", "default")
+    add(project.test_root, "role1", "default")
+    assert project.main(["-j", "2"]) == 0
+    runs = {p["cwd"]: p for p in played(project)}
+    assert set(runs) == {str(project.test_root), str(project.test_root / "roles" / "role1")}
+    ephemerals = {p["ephemeral"] for p in runs.values()}
+    facts = {p["facts"] for p in runs.values()}
+    assert len(ephemerals) == 2 and len(facts) == 2
+    assert all(e.startswith(str(project.test_root / ".cache" / "molecule")) for e in ephemerals)
+    for slug in ("molecule-default", "roles-role1-default"):
+        log = (project.LOG_DIR / f"{slug}.log").read_text()
+        assert "fake molecule playing default" in log
+    out = capsys.readouterr().out
+    assert "start  molecule:default" in out and "PASS   roles/role1:default" in out
+
+
+def test_a_failure_prints_its_whole_log_and_the_count(project, capsys):
+    add(project.test_root, "role1", "bad")
+    add(project.test_root, "role1", "good")
+    assert project.main(["-j", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED roles/role1:bad" in out
+    assert "BAD-SCENARIO-DETAIL: converge failed on purpose" in out
+    assert "fake molecule playing good" not in out  # passing logs stay in their files
+    summary = out[out.index("Molecule scenarios (") :]
+    assert "FAIL  roles/role1:bad" in summary and "PASS  roles/role1:good" in summary
+    assert out.rstrip().endswith("1 passed, 1 failed")
+    # Failed runs do not overwrite the last good duration.
+    assert "roles/role1:bad" not in json.loads(project.DURATIONS_FILE.read_text())
+
+
+def test_unknown_scenario_is_refused(project, capsys):
+    add(project.test_root, "role1", "default")
+    assert project.main(["roles/role1:nope"]) == 2
+    assert "unknown scenarios: roles/role1:nope" in capsys.readouterr().err
+
+
+def test_committed_estimates_name_existing_scenarios():
+    """tools/molecule_durations.json orders CI's first run: it must not name scenarios that are gone."""
+    estimates = json.loads((REPO / "tools" / "molecule_durations.json").read_text())
+    labels = {s.label for s in load_runner("run_molecule_real").discover()}
+    assert set(estimates) <= labels, sorted(set(estimates) - labels)
+
+
+def test_default_jobs_for_two_cores(project, monkeypatch):
+    monkeypatch.setattr(project.os, "cpu_count", lambda: 2)
+    assert project.default_jobs() == 4

@@ -1,0 +1,45 @@
+"""tools/timed_groups.py (what `make test` runs): groups in order, stop at the first failure, times at the end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+TIMED = REPO / "tools" / "timed_groups.py"
+
+
+def test_timed_groups_stop_at_the_first_failure(tmp_path):
+    (tmp_path / "Makefile").write_text(
+        textwrap.dedent(
+            """\
+            one:
+            \t@echo ONE-RAN
+            two:
+            \t@echo TWO-RAN; exit 4
+            three:
+            \t@echo THREE-RAN
+            """
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, str(TIMED), "one", "two", "three"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode != 0
+    assert "ONE-RAN" in proc.stdout and "TWO-RAN" in proc.stdout and "THREE-RAN" not in proc.stdout
+    last = proc.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("make test: FAIL  one ")
+    assert "two " in last and "(FAILED)" in last and "not run: three" in last and "; total " in last
+
+
+def test_timed_groups_summary_after_all_output(tmp_path):
+    (tmp_path / "Makefile").write_text("a:\n\t@echo '1 passed in 0.01s'\nb:\n\t@echo '2 passed, 0 failed'\n")
+    proc = subprocess.run(
+        [sys.executable, str(TIMED), "a", "b"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0
+    lines = proc.stdout.rstrip().splitlines()
+    assert lines[0] == "1 passed in 0.01s" and lines[1] == "2 passed, 0 failed"
+    assert lines[-1].startswith("make test: PASS  a ") and ", b " in lines[-1]
