@@ -386,11 +386,9 @@ def holders_remedy(holders):
             )
             continue
         unit = h["unit"] or ""
-        how = (
-            f"systemctl stop {unit}"
-            if unit.endswith(".service") and not unit.startswith("user@")
-            else f"kill {h['pid']}"
-        )
+        how = f"kill {h['pid']}"
+        if unit.endswith(".service"):
+            how += f" (if {unit} starts it again: systemctl stop {unit})"
         who = f"ask user {h['user']} to end it or, as root, " if h["user"] not in (None, "root") else "as root, "
         steps.append(f"pid {h['pid']}: {who}{how}")
     return (

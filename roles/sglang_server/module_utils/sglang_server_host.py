@@ -320,11 +320,9 @@ def holders_remedy(items):
             )
             continue
         unit = it.get("unit") or ""
-        how = (
-            f"systemctl stop {unit}"
-            if unit.endswith(".service") and not unit.startswith("user@")
-            else f"kill {it['pid']}"
-        )
+        how = f"kill {it['pid']}"
+        if unit.endswith(".service"):
+            how += f" (if {unit} starts it again: systemctl stop {unit})"
         user = it.get("user")
         who = f"ask user {user} to end it or, as root, " if user not in (None, "root") else "as root, "
         steps.append(f"pid {it['pid']}: {who}{how}")

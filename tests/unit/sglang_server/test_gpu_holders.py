@@ -150,7 +150,10 @@ def test_preflight_merges_a_holder_of_several_gpus_and_names_a_gone_one():
     )
     assert "process gone" in gff.describe_holder(holders[0])
     remedy = gff.holders_remedy(holders)
-    assert "pid 4242: ask user intruder to end it or, as root, systemctl stop hold.service" in remedy
+    assert (
+        "pid 4242: ask user intruder to end it or, as root, kill 4242 (if hold.service starts it again: "
+        "systemctl stop hold.service)" in remedy
+    )
     assert "pid 77 is gone" in remedy and "GPU reset" in remedy
 
 
