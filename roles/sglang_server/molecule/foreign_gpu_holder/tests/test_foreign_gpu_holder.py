@@ -24,9 +24,8 @@ def apps(host):
 @pytest.fixture(scope="module")
 def intruder(host):
     host.check_output("id intruder || useradd --create-home --shell /bin/bash intruder")
-    host.check_output(
-        "runuser -u intruder -- setsid -f sh -c " + shlex.quote(" ".join(HOLD) + " >/tmp/intruder-hold.log 2>&1")
-    )
+    # a user's own shell job, detached (every fd away from this ssh session, or the session never ends)
+    host.check_output(f"runuser -u intruder -- setsid -f {shlex.join(HOLD)} </dev/null >/tmp/intruder-hold.log 2>&1")
     host.check_output("for i in $(seq 100); do grep -q holding /tmp/intruder-hold.log && break; sleep 0.1; done")
     log = host.file("/tmp/intruder-hold.log").content_string
     pid = int(re.search(r"as pid (\d+)", log).group(1))
