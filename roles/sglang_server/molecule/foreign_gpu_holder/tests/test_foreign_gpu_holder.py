@@ -75,7 +75,8 @@ def test_deploy_is_refused_in_preflight_naming_pid_user_and_command(deploy_refus
 def test_the_server_role_refuses_in_validation_before_the_stop(host, server_refused, intruder):
     rc, out = server_refused
     assert rc != 0
-    assert "in phase validate (Refuse GPUs held by another program (before any stop))" in out
+    assert "SGLANG SERVER DEPLOY FAILED on sglang-01 in phase validate" in out
+    assert "Refuse GPUs held by another program (before any stop)" in out
     assert (
         f"GPUs 0,1,2,3,4,5,6,7 of the server are held by processes outside sglang-server.service: pid {intruder} "
         f"(/usr/bin/python3, user intruder, command `{COMMAND}`, GPUs 0,1, 4096 MiB, unit " in out
