@@ -332,6 +332,15 @@ def _int_arg(args, names, default, problems, host, what):
     return default, names[0]
 
 
+# Said when a holder runs inside a systemd service: it may be that service's own process (stopping the
+# service is then the fix) or a stray child of an unrelated one (an ssh login on a host without logind
+# sessions), so no service is named for stopping.
+RESTARTED_BY_UNIT = (
+    "; a holder that comes back after the kill is restarted by its service (unit above): stop that service "
+    "if it is the holder's own"
+)
+
+
 def gpu_holders(processes):
     """Merge ``gpu_facts.processes`` rows (one per process and GPU) into one entry per PID, GPUs sorted."""
     by_pid = {}
@@ -376,7 +385,7 @@ def describe_holder(h):
 
 def holders_remedy(holders):
     """What to do about each holder, in words: who to ask, what to stop, when memory of a dead process frees."""
-    steps = []
+    steps, in_service = [], False
     for h in holders:
         if not h["alive"]:
             steps.append(
@@ -387,14 +396,13 @@ def holders_remedy(holders):
             continue
         unit = h["unit"] or ""
         how = f"kill {h['pid']}"
-        if unit.endswith(".service"):
-            how += f" (if {unit} starts it again: systemctl stop {unit})"
+        in_service = in_service or unit.endswith(".service")
         who = f"ask user {h['user']} to end it or, as root, " if h["user"] not in (None, "root") else "as root, "
         steps.append(f"pid {h['pid']}: {who}{how}")
     return (
         "; ".join(steps)
         + "; then check that `nvidia-smi --query-compute-apps=pid,used_memory --format=csv` no longer lists it"
-        " and deploy again"
+        " and deploy again" + (RESTARTED_BY_UNIT if in_service else "")
     )
 
 

@@ -305,9 +305,18 @@ def describe_processes(items):
     return "; ".join(parts)
 
 
+# Said when a holder runs inside a systemd service: it may be that service's own process (stopping the
+# service is then the fix) or a stray child of an unrelated one (an ssh login on a host without logind
+# sessions), so no service is named for stopping.
+RESTARTED_BY_UNIT = (
+    "; a holder that comes back after the kill is restarted by its service (unit above): stop that service "
+    "if it is the holder's own"
+)
+
+
 def holders_remedy(items):
     """What to do about each foreign holder, in words (who to ask, what to stop, what a leak needs)."""
-    seen, steps = set(), []
+    seen, steps, in_service = set(), [], False
     for it in sorted(items, key=lambda x: x["pid"]):
         if it["pid"] in seen:
             continue
@@ -321,8 +330,7 @@ def holders_remedy(items):
             continue
         unit = it.get("unit") or ""
         how = f"kill {it['pid']}"
-        if unit.endswith(".service"):
-            how += f" (if {unit} starts it again: systemctl stop {unit})"
+        in_service = in_service or unit.endswith(".service")
         user = it.get("user")
         who = f"ask user {user} to end it or, as root, " if user not in (None, "root") else "as root, "
         steps.append(f"pid {it['pid']}: {who}{how}")
@@ -331,7 +339,7 @@ def holders_remedy(items):
     return (
         "; ".join(steps)
         + "; then check that `nvidia-smi --query-compute-apps=pid,used_memory --format=csv` no longer lists it"
-        " and deploy again"
+        " and deploy again" + (RESTARTED_BY_UNIT if in_service else "")
     )
 
 

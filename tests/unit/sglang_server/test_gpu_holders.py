@@ -136,6 +136,16 @@ def test_preflight_refuses_the_holder_with_pid_user_command_and_remedy():
     assert "nvidia-smi --query-compute-apps" in problem["text"]
 
 
+def test_a_holder_inside_an_unrelated_service_is_killed_not_its_service():
+    """On the lab (no logind sessions) a user's job started from an ssh login runs in ssh.service."""
+    item = {"pid": 486, "gpu_index": 0, "used_memory_mib": 2048, "name": "/usr/bin/python3", "alive": True}
+    item |= {"unit": "ssh.service", "user": "intruder", "cmdline": "/usr/bin/python3 /usr/local/bin/gpusim-hold"}
+    remedy = ssh.holders_remedy([item, dict(item, gpu_index=1)])
+    assert remedy.startswith("pid 486: ask user intruder to end it or, as root, kill 486; then check")
+    assert "systemctl stop" not in remedy and remedy.endswith(ssh.RESTARTED_BY_UNIT)
+    assert ssh.RESTARTED_BY_UNIT == gff.RESTARTED_BY_UNIT
+
+
 def test_preflight_merges_a_holder_of_several_gpus_and_names_a_gone_one():
     rows = [
         {"pid": 4242, "name": "/usr/bin/python3", "used_memory_mib": 20000, "gpu_index": g, "unit": "hold.service"}
@@ -150,10 +160,9 @@ def test_preflight_merges_a_holder_of_several_gpus_and_names_a_gone_one():
     )
     assert "process gone" in gff.describe_holder(holders[0])
     remedy = gff.holders_remedy(holders)
-    assert (
-        "pid 4242: ask user intruder to end it or, as root, kill 4242 (if hold.service starts it again: "
-        "systemctl stop hold.service)" in remedy
-    )
+    assert "pid 4242: ask user intruder to end it or, as root, kill 4242;" in remedy
+    assert remedy.endswith("restarted by its service (unit above): stop that service if it is the holder's own")
+    assert "systemctl stop" not in remedy  # the unit may be ssh.service (a login's job on a host without logind)
     assert "pid 77 is gone" in remedy and "GPU reset" in remedy
 
 

@@ -66,7 +66,8 @@ def test_deploy_is_refused_in_preflight_naming_pid_user_and_command(deploy_refus
         f"GPUs are held by processes that are not the SGLang service: pid {intruder} /usr/bin/python3, "
         f"user intruder, command `{COMMAND}`, on GPU0,GPU1 using 4096 MiB" in out
     )
-    assert f"pid {intruder}: ask user intruder to end it or, as root, kill {intruder}" in out
+    assert f"pid {intruder}: ask user intruder to end it or, as root, kill {intruder};" in out
+    assert "systemctl stop ssh" not in out  # the job runs in ssh.service here (no logind): never advise stopping it
     # the first stage stopped the run: no later stage (toolkit, ml-env, weights, server) ran a task
     for stage in ("cuda_toolkit :", "ml_env :", "model_weights :", "sglang_server :"):
         assert f"TASK [{stage}" not in out
