@@ -35,6 +35,11 @@ def install_equipment(root: Path, profile: str) -> None:
     smi = root / "usr/bin/nvidia-smi"
     shutil.copyfile(GPUSIM_DIR / "nvidia_smi.py", smi)
     os.chmod(smi, 0o755)
+    # "another program holds the GPUs": any user can run it (lab/gpusim/gpusim_hold.py)
+    hold = root / "usr/local/bin/gpusim-hold"
+    hold.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(GPUSIM_DIR / "gpusim_hold.py", hold)
+    os.chmod(hold, 0o755)
     (root / "etc/gpusim/README").write_text(
         "gpufleet lab simulator: /usr/bin/nvidia-smi on this host is a simulation driven by\n"
         f"/etc/gpusim/profile (profile {profile}). This host is lab equipment, not a GPU machine.\n"

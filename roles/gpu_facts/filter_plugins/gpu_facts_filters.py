@@ -332,6 +332,80 @@ def _int_arg(args, names, default, problems, host, what):
     return default, names[0]
 
 
+# Said when a holder runs inside a systemd service: it may be that service's own process (stopping the
+# service is then the fix) or a stray child of an unrelated one (an ssh login on a host without logind
+# sessions), so no service is named for stopping.
+RESTARTED_BY_UNIT = (
+    "; a holder that comes back after the kill is restarted by its service (unit above): stop that service "
+    "if it is the holder's own"
+)
+
+
+def gpu_holders(processes):
+    """Merge ``gpu_facts.processes`` rows (one per process and GPU) into one entry per PID, GPUs sorted."""
+    by_pid = {}
+    for p in processes:
+        entry = by_pid.setdefault(
+            p.get("pid"),
+            {
+                "pid": p.get("pid"),
+                "name": p.get("name"),
+                "user": p.get("user"),
+                "uid": p.get("uid"),
+                "cmdline": p.get("cmdline") or "",
+                "unit": p.get("unit"),
+                # rows gathered before this field existed (fact cache) count as alive
+                "alive": p.get("alive", True),
+                "gpus": [],
+                "mib": 0,
+            },
+        )
+        if p.get("gpu_index") is not None and p.get("gpu_index") not in entry["gpus"]:
+            entry["gpus"].append(p.get("gpu_index"))
+        entry["mib"] += int(p.get("used_memory_mib") or 0)
+    holders = list(by_pid.values())
+    for h in holders:
+        h["gpus"].sort()
+    return sorted(holders, key=lambda h: (h["pid"] is None, h["pid"] or 0))
+
+
+def describe_holder(h):
+    """``pid 4242 python3, user intruder, command '...', on GPU0,GPU1 using 40000 MiB (unit x.service)``."""
+    gpus = ",".join(f"GPU{g}" for g in h["gpus"]) or "an unknown GPU"
+    if not h["alive"]:
+        return (
+            f"pid {h['pid']} {h['name'] or '?'} on {gpus} using {h['mib']} MiB (process gone: memory not "
+            "released yet, or leaked)"
+        )
+    user = h["user"] if h["user"] is not None else "unknown"
+    command = f", command `{h['cmdline']}`" if h["cmdline"] else ""
+    where = f"on {gpus} using {h['mib']} MiB (unit {h['unit'] or 'none'})"
+    return f"pid {h['pid']} {h['name'] or '?'}, user {user}{command}, {where}"
+
+
+def holders_remedy(holders):
+    """What to do about each holder, in words: who to ask, what to stop, when memory of a dead process frees."""
+    steps, in_service = [], False
+    for h in holders:
+        if not h["alive"]:
+            steps.append(
+                f"pid {h['pid']} is gone: wait a second and rerun (a dying process frees its memory within about "
+                "0.3 s); memory that stays used without a process is a leak that only a GPU reset "
+                "(nvidia-smi --gpu-reset) or a reboot frees"
+            )
+            continue
+        unit = h["unit"] or ""
+        how = f"kill {h['pid']}"
+        in_service = in_service or unit.endswith(".service")
+        who = f"ask user {h['user']} to end it or, as root, " if h["user"] not in (None, "root") else "as root, "
+        steps.append(f"pid {h['pid']}: {who}{how}")
+    return (
+        "; ".join(steps)
+        + "; then check that `nvidia-smi --query-compute-apps=pid,used_memory --format=csv` no longer lists it"
+        " and deploy again" + (RESTARTED_BY_UNIT if in_service else "")
+    )
+
+
 def _problem(host, check, message, fact, variable, fix):
     return {
         "host": host,
@@ -519,19 +593,19 @@ def gpu_preflight_problems(facts, settings):
     ours = [p for p in processes if own and p.get("unit") in own]
     summary["own_processes"] = [f"{p.get('pid')} {p.get('name')} ({p.get('unit')})" for p in ours]
     if foreign:
-        listed = "; ".join(
-            f"pid {p.get('pid')} {p.get('name')} on GPU{p.get('gpu_index')} using {p.get('used_memory_mib')} MiB"
-            f" (unit {p.get('unit') or 'none'})"
-            for p in foreign[:8]
-        )
+        holders = gpu_holders(foreign)
+        listed = "; ".join(describe_holder(h) for h in holders[:8])
+        if len(holders) > 8:
+            listed += f"; and {len(holders) - 8} more"
         errors.append(
             _problem(
                 host,
                 "gpus_busy",
-                f"GPUs are in use by processes that are not the SGLang service: {listed}",
-                f"gpu_facts.processes ({len(foreign)} foreign)",
+                f"GPUs are held by processes that are not the SGLang service: {listed}. Nothing was changed or "
+                "stopped on this host",
+                f"gpu_facts.processes ({len(holders)} foreign process(es))",
                 f"gpu_facts_own_service_units={sorted(own)}",
-                "stop those processes (or add their systemd unit to gpu_facts_own_service_units if they are ours)",
+                holders_remedy(holders) + "; if a holder is ours, add its systemd unit to gpu_facts_own_service_units",
             )
         )
     with_process = {p.get("gpu_index") for p in processes}

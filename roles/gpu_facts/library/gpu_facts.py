@@ -81,7 +81,8 @@ ansible_facts:
           (matrix, pairs, link_types, nvlink_all, nvlink_any, worst_link, worst_pcie_link,
           numa_nodes, nics), p2p (mode, matrix, statuses, all_ok, any_ok, missing_gpus,
           not_ok_pairs, nvml, nvml_agrees), processes (pid, name, used_memory_mib, gpu_index,
-          gpu_uuid, unit), busy_gpus, virtualization (vm, container, is_vm, method), disk.
+          gpu_uuid, unit, alive, uid, user, cmdline with secret values masked), busy_gpus,
+          virtualization (vm, container, is_vm, method), disk.
       returned: always
       type: dict
       sample:

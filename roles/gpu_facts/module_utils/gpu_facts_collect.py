@@ -208,11 +208,98 @@ def _unit_of(pid, proc_root="/proc"):
     return None
 
 
-def build_processes(rows, gpus, unit_of=_unit_of):
+# Command-line options whose value is a secret (``--api-key X``, ``--hf-token=X``, ``--password X``) and
+# ``NAME=value`` words whose name says so (``HF_TOKEN=hf_...``): masked before a command line is shown.
+_SECRET_WORD = re.compile(
+    r"(?i)(api[-_]?key|(?<![a-z])key(?![a-z])|token(?![a-z])|secret|passw(or)?d|credential|auth(?![a-z]))"
+)
+CMDLINE_MAX = 300
+
+
+def redact_cmdline(words):
+    """A process's argv as one line for messages, secrets masked (``***``), at most ``CMDLINE_MAX`` chars.
+
+    Identical in roles/sglang_server/module_utils/sglang_server_host.py (a unit test holds both to the
+    same cases).
+    """
+    shown, hide_next = [], False
+    for word in words:
+        if hide_next:
+            shown.append("***")
+            hide_next = False
+            continue
+        name, eq, _value = word.partition("=")
+        if word.startswith("-") and _SECRET_WORD.search(name):
+            if eq:
+                shown.append(f"{name}=***")
+            else:
+                shown.append(word)
+                hide_next = True
+            continue
+        if (
+            eq
+            and not word.startswith("-")
+            and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)
+            and _SECRET_WORD.search(name)
+        ):
+            shown.append(f"{name}=***")
+            continue
+        shown.append(word)
+    text = " ".join(w if w and not re.search(r"\s", w) else repr(w) for w in shown)
+    return text if len(text) <= CMDLINE_MAX else text[: CMDLINE_MAX - 3] + "..."
+
+
+def _user_name(uid):
+    try:
+        import pwd  # noqa: PLC0415  (POSIX only; the module runs on Linux hosts)
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def _proc_info(pid, proc_root="/proc", user_name=_user_name):
+    """``{alive, uid, user, cmdline}`` of a process from ``/proc/<pid>`` (``alive`` False when gone or a zombie).
+
+    The user is the real UID of ``/proc/<pid>/status`` (line ``Uid:``) by name; the command line is
+    ``/proc/<pid>/cmdline`` with secrets masked (:func:`redact_cmdline`).
+    """
+    base = os.path.join(proc_root, str(pid))
+    info = {"alive": False, "uid": None, "user": None, "cmdline": ""}
+    try:
+        with open(os.path.join(base, "status"), encoding="utf-8", errors="replace") as fh:
+            status = fh.read()
+    except OSError:
+        return info
+    state = re.search(r"^State:\s*(\S)", status, re.M)
+    uid = re.search(r"^Uid:\s*(\d+)", status, re.M)
+    info["alive"] = not (state and state.group(1) in ("Z", "X"))
+    if uid:
+        info["uid"] = int(uid.group(1))
+        info["user"] = user_name(info["uid"])
+    try:
+        with open(os.path.join(base, "cmdline"), "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        raw = b""
+    words = [w.decode("utf-8", "replace") for w in raw.split(b"\0")]
+    while words and words[-1] == "":
+        words.pop()
+    info["cmdline"] = redact_cmdline(words)
+    return info
+
+
+def build_processes(rows, gpus, unit_of=_unit_of, proc_info=_proc_info):
+    """One entry per (process, GPU) row of ``--query-compute-apps``, with the process's unit, user and command.
+
+    ``alive`` is False for a PID that no longer exists (memory not yet released by a dying process, or
+    leaked); its user and command are then unknown (None, "").
+    """
     by_uuid = {g["uuid"]: g["index"] for g in gpus}
     processes = []
     for row in rows:
         pid = row.get("pid")
+        info = proc_info(pid) if pid is not None else {"alive": False, "uid": None, "user": None, "cmdline": ""}
         processes.append(
             {
                 "pid": pid,
@@ -221,6 +308,10 @@ def build_processes(rows, gpus, unit_of=_unit_of):
                 "gpu_uuid": row.get("gpu_uuid"),
                 "gpu_index": by_uuid.get(row.get("gpu_uuid")),
                 "unit": unit_of(pid) if pid is not None else None,
+                "alive": info["alive"],
+                "uid": info["uid"],
+                "user": info["user"],
+                "cmdline": info["cmdline"],
             }
         )
     return processes
@@ -333,13 +424,23 @@ def nvml_p2p_status(gpu_count, errors=None):
             pynvml.nvmlShutdown()
 
 
-def collect(run, nvidia_smi="nvidia-smi", use_nvml=True, disk_paths=None, unit_of=_unit_of, nvml=None, read_text=None):
+def collect(
+    run,
+    nvidia_smi="nvidia-smi",
+    use_nvml=True,
+    disk_paths=None,
+    unit_of=_unit_of,
+    nvml=None,
+    read_text=None,
+    proc_info=_proc_info,
+):
     """Run the nvidia-smi commands through ``run`` and return ``(facts, raw_outputs)``.
 
     :param run: ``run(argv) -> (rc, stdout, stderr)``.
     :param nvml: a precomputed NVML P2P matrix (tests); by default read through pynvml when
         ``use_nvml`` and the package is importable.
     :param read_text: ``read_text(path) -> str | None`` for DMI and cpuinfo (tests).
+    :param proc_info: ``proc_info(pid) -> {alive, uid, user, cmdline}`` of a GPU process (tests).
     :raises GpuFactsError: when the driver is missing or a command's output is unreadable.
     """
     cmds = commands(nvidia_smi)
@@ -391,7 +492,7 @@ def collect(run, nvidia_smi="nvidia-smi", use_nvml=True, disk_paths=None, unit_o
     nvml_errors = []
     if nvml is None and use_nvml:
         nvml = nvml_p2p_status(gpu_count, nvml_errors)
-    processes = build_processes(apps, gpus, unit_of=unit_of)
+    processes = build_processes(apps, gpus, unit_of=unit_of, proc_info=proc_info)
     drivers = sorted({g["driver_version"] for g in gpus if g["driver_version"]})
     facts = {
         "schema_version": SCHEMA_VERSION,

@@ -12,7 +12,8 @@ short_description: Unit state, port listeners and GPU holders of the SGLang serv
 description:
   - Reads the unit's state (systemctl show), the processes in its cgroup, the listeners of its port (ss) and
     the compute processes on its GPUs (nvidia-smi), and classifies each as ours (in the unit's cgroup) or
-    foreign. A GPU allocation whose process is gone (leaked) is foreign.
+    foreign. A GPU allocation whose process is gone (leaked) is foreign. Each live foreign holder is named with
+    its user (real UID of /proc/PID/status) and command line (/proc/PID/cmdline, secret values masked).
   - With I(wait_released=true) it polls until the unit has no process left and every GPU of the server
     shows at most I(idle_memory_mib) used, or fails after I(timeout) seconds naming the PIDs that hold memory.
   - Never changes anything.
@@ -99,7 +100,13 @@ gpu_foreign:
   returned: always
   type: list
 gpu_foreign_text:
-  description: "The foreign holders in words (PIDs, GPUs, MiB, unit or leaked)."
+  description: >-
+    The foreign holders in words (PID, process name, user, command line with secrets masked, GPUs, MiB,
+    unit or leaked).
+  returned: always
+  type: str
+gpu_foreign_remedy:
+  description: "What to do about each foreign holder (who to ask, what to stop; a leak needs a GPU reset or reboot)."
   returned: always
   type: str
 released:

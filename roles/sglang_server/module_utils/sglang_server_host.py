@@ -98,21 +98,90 @@ def pid_unit(pid, proc_root="/proc"):
 
 
 def pid_alive(pid, proc_root="/proc"):
+    """True while ``/proc/<pid>`` exists and is not a zombie (``State:`` of ``/proc/<pid>/status``)."""
     try:
-        with open(os.path.join(proc_root, str(pid), "stat"), encoding="utf-8") as fh:
-            stat = fh.read()
+        with open(os.path.join(proc_root, str(pid), "status"), encoding="utf-8", errors="replace") as fh:
+            status = fh.read()
     except OSError:
         return False
-    state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
-    return state not in ("Z", "X")
+    match = re.search(r"^State:\s*(\S)", status, re.M)
+    return not (match and match.group(1) in ("Z", "X"))
+
+
+# Command-line options whose value is a secret (``--api-key X``, ``--hf-token=X``, ``--password X``) and
+# ``NAME=value`` words whose name says so (``HF_TOKEN=hf_...``): masked before a command line is shown.
+_SECRET_WORD = re.compile(
+    r"(?i)(api[-_]?key|(?<![a-z])key(?![a-z])|token(?![a-z])|secret|passw(or)?d|credential|auth(?![a-z]))"
+)
+CMDLINE_MAX = 300
+
+
+def redact_cmdline(words):
+    """A process's argv as one line for messages, secrets masked (``***``), at most ``CMDLINE_MAX`` chars.
+
+    Identical in roles/gpu_facts/module_utils/gpu_facts_collect.py (a unit test holds both to the same
+    cases).
+    """
+    shown, hide_next = [], False
+    for word in words:
+        if hide_next:
+            shown.append("***")
+            hide_next = False
+            continue
+        name, eq, _value = word.partition("=")
+        if word.startswith("-") and _SECRET_WORD.search(name):
+            if eq:
+                shown.append(f"{name}=***")
+            else:
+                shown.append(word)
+                hide_next = True
+            continue
+        if (
+            eq
+            and not word.startswith("-")
+            and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)
+            and _SECRET_WORD.search(name)
+        ):
+            shown.append(f"{name}=***")
+            continue
+        shown.append(word)
+    text = " ".join(w if w and not re.search(r"\s", w) else repr(w) for w in shown)
+    return text if len(text) <= CMDLINE_MAX else text[: CMDLINE_MAX - 3] + "..."
+
+
+def user_name(uid):
+    try:
+        import pwd  # noqa: PLC0415  (POSIX only; the module runs on Linux hosts)
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def pid_user(pid, proc_root="/proc", name_of=user_name):
+    """``(uid, user name)`` of a process: the real UID in ``/proc/<pid>/status`` (``Uid:``); (None, None) if gone."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "status"), encoding="utf-8", errors="replace") as fh:
+            match = re.search(r"^Uid:\s*(\d+)", fh.read(), re.M)
+    except OSError:
+        return None, None
+    if not match:
+        return None, None
+    uid = int(match.group(1))
+    return uid, name_of(uid)
 
 
 def pid_cmdline(pid, proc_root="/proc"):
+    """The process's command line for messages (secrets masked, see :func:`redact_cmdline`); "" if gone."""
     try:
         with open(os.path.join(proc_root, str(pid), "cmdline"), "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            raw = fh.read()
     except OSError:
         return ""
+    words = [w.decode("utf-8", "replace") for w in raw.split(b"\0")]
+    while words and words[-1] == "":
+        words.pop()
+    return redact_cmdline(words)
 
 
 def unit_pids(unit, proc_root="/proc"):
@@ -173,7 +242,7 @@ def gpu_state(nvidia_smi="nvidia-smi", runner=run):
     return {"gpus": gpus, "processes": processes}
 
 
-def classify_gpu_processes(processes, unit, gpus=None, proc_root="/proc"):
+def classify_gpu_processes(processes, unit, gpus=None, proc_root="/proc", name_of=user_name):
     """Split GPU compute processes on the given GPUs into ours (in the unit's cgroup) and foreign.
 
     A process that no longer exists but still holds memory (a leaked allocation) is foreign: it is
@@ -187,7 +256,10 @@ def classify_gpu_processes(processes, unit, gpus=None, proc_root="/proc"):
         pid = proc["pid"]
         alive = pid_alive(pid, proc_root)
         owner = pid_unit(pid, proc_root) if alive else None
-        item = dict(proc, alive=alive, unit=owner, cmdline=pid_cmdline(pid, proc_root) if alive else "")
+        uid, user = pid_user(pid, proc_root, name_of) if alive else (None, None)
+        item = dict(
+            proc, alive=alive, unit=owner, uid=uid, user=user, cmdline=pid_cmdline(pid, proc_root) if alive else ""
+        )
         if alive and owner == unit:
             ours.append(item)
         else:
@@ -196,20 +268,79 @@ def classify_gpu_processes(processes, unit, gpus=None, proc_root="/proc"):
 
 
 def describe_processes(items):
-    """``pid 123 (sglang::scheduler_TP0, gpu 0, 88000 MiB, unit x.service)`` per PID, merged over GPUs."""
+    """One clause per PID, merged over its GPUs.
+
+    Alive: ``pid 4242 (/usr/bin/python3, user intruder, command '/usr/bin/python3 x.py', GPUs 0,1, 40000 MiB,
+    unit none)``; gone: ``pid 123 (sglang::scheduler_TP0, GPUs 0, 88000 MiB, process gone: leaked allocation)``.
+    """
     by_pid = {}
     for it in items:
         entry = by_pid.setdefault(
-            it["pid"], {"name": it.get("name"), "gpus": [], "mib": 0, "alive": it.get("alive"), "unit": it.get("unit")}
+            it["pid"],
+            {
+                "name": it.get("name"),
+                "gpus": [],
+                "mib": 0,
+                "alive": it.get("alive"),
+                "unit": it.get("unit"),
+                "user": it.get("user"),
+                "cmdline": it.get("cmdline") or "",
+            },
         )
         entry["gpus"].append(it.get("gpu_index"))
         entry["mib"] += int(it.get("used_memory_mib") or 0)
     parts = []
     for pid, e in sorted(by_pid.items()):
-        where = "process gone: leaked allocation" if not e["alive"] else f"unit {e['unit'] or 'none'}"
         gpus = ",".join(str(g) for g in sorted(g for g in e["gpus"] if g is not None))
-        parts.append(f"pid {pid} ({e['name'] or '?'}, GPUs {gpus}, {e['mib']} MiB, {where})")
+        if not e["alive"]:
+            parts.append(
+                f"pid {pid} ({e['name'] or '?'}, GPUs {gpus}, {e['mib']} MiB, process gone: leaked allocation)"
+            )
+            continue
+        who = f", user {e['user'] if e['user'] is not None else 'unknown'}"
+        command = f", command `{e['cmdline']}`" if e["cmdline"] else ""
+        parts.append(
+            f"pid {pid} ({e['name'] or '?'}{who}{command}, GPUs {gpus}, {e['mib']} MiB, unit {e['unit'] or 'none'})"
+        )
     return "; ".join(parts)
+
+
+# Said when a holder runs inside a systemd service: it may be that service's own process (stopping the
+# service is then the fix) or a stray child of an unrelated one (an ssh login on a host without logind
+# sessions), so no service is named for stopping.
+RESTARTED_BY_UNIT = (
+    "; a holder that comes back after the kill is restarted by its service (unit above): stop that service "
+    "if it is the holder's own"
+)
+
+
+def holders_remedy(items):
+    """What to do about each foreign holder, in words (who to ask, what to stop, what a leak needs)."""
+    seen, steps, in_service = set(), [], False
+    for it in sorted(items, key=lambda x: x["pid"]):
+        if it["pid"] in seen:
+            continue
+        seen.add(it["pid"])
+        if not it.get("alive"):
+            steps.append(
+                f"pid {it['pid']} is gone but its memory is still in use: a dying process frees it within about "
+                "0.3 s, so wait and deploy again; if it stays, it is a leaked allocation that only a GPU reset "
+                "(nvidia-smi --gpu-reset) or a reboot frees"
+            )
+            continue
+        unit = it.get("unit") or ""
+        how = f"kill {it['pid']}"
+        in_service = in_service or unit.endswith(".service")
+        user = it.get("user")
+        who = f"ask user {user} to end it or, as root, " if user not in (None, "root") else "as root, "
+        steps.append(f"pid {it['pid']}: {who}{how}")
+    if not steps:
+        return ""
+    return (
+        "; ".join(steps)
+        + "; then check that `nvidia-smi --query-compute-apps=pid,used_memory --format=csv` no longer lists it"
+        " and deploy again" + (RESTARTED_BY_UNIT if in_service else "")
+    )
 
 
 def listeners(port, runner=run):
@@ -307,6 +438,7 @@ def snapshot(unit, gpus=None, port=0, idle_memory_mib=512, nvidia_smi="nvidia-sm
         "gpu_ours": ours,
         "gpu_foreign": foreign,
         "gpu_foreign_text": describe_processes(foreign),
+        "gpu_foreign_remedy": holders_remedy(foreign),
         "released": not pids and not ours and all(v <= idle_memory_mib for v in used.values()),
     }
     lst, port_foreign = [], []

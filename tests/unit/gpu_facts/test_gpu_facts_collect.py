@@ -113,8 +113,16 @@ def test_processes_are_mapped_to_gpus_and_units():
     uuid1 = "GPU-c0028a19-3800-50d6-8580-be5fc1a70124"
     apps = f"1939, python3, 41478, {uuid0}\n2001, sglang::scheduler_TP1, 88000, {uuid1}\n"
     units = {1939: "session-3.scope", 2001: "sglang-server.service"}
+    info = {
+        1939: {"alive": True, "uid": 1001, "user": "intruder", "cmdline": "python3 train.py"},
+        2001: {"alive": True, "uid": 998, "user": "sglang", "cmdline": "sglang::scheduler_TP1"},
+    }
     facts, _ = gfc.collect(
-        replay_runner(_outputs(query_apps=apps)), use_nvml=False, read_text=no_files, unit_of=units.get
+        replay_runner(_outputs(query_apps=apps)),
+        use_nvml=False,
+        read_text=no_files,
+        unit_of=units.get,
+        proc_info=info.get,
     )
     assert raw["query_apps"] == ""
     assert facts["processes"] == [
@@ -125,6 +133,10 @@ def test_processes_are_mapped_to_gpus_and_units():
             "gpu_uuid": uuid0,
             "gpu_index": 0,
             "unit": "session-3.scope",
+            "alive": True,
+            "uid": 1001,
+            "user": "intruder",
+            "cmdline": "python3 train.py",
         },
         {
             "pid": 2001,
@@ -133,6 +145,10 @@ def test_processes_are_mapped_to_gpus_and_units():
             "gpu_uuid": uuid1,
             "gpu_index": 1,
             "unit": "sglang-server.service",
+            "alive": True,
+            "uid": 998,
+            "user": "sglang",
+            "cmdline": "sglang::scheduler_TP1",
         },
     ]
     assert facts["busy_gpus"] == [0, 1]

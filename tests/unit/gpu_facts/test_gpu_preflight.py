@@ -175,7 +175,17 @@ def test_unknown_arch_warns(h200):
 def test_foreign_gpu_process_is_refused_and_ours_is_fine(h200):
     facts = copy.deepcopy(h200)
     facts["processes"] = [
-        {"pid": 1939, "name": "python3", "used_memory_mib": 41478, "gpu_index": 0, "unit": "session-3.scope"},
+        {
+            "pid": 1939,
+            "name": "python3",
+            "used_memory_mib": 41478,
+            "gpu_index": 0,
+            "unit": "session-3.scope",
+            "alive": True,
+            "uid": 1001,
+            "user": "intruder",
+            "cmdline": "python3 train.py --epochs 3",
+        },
         {
             "pid": 2001,
             "name": "sglang::scheduler",
@@ -189,7 +199,11 @@ def test_foreign_gpu_process_is_refused_and_ours_is_fine(h200):
     result = check(facts, server_args={"tp": 2})
     problem = only(result)
     assert problem["check"] == "gpus_busy"
-    assert "pid 1939 python3 on GPU0 using 41478 MiB (unit session-3.scope)" in problem["message"]
+    assert (
+        "pid 1939 python3, user intruder, command `python3 train.py --epochs 3`, on GPU0 using 41478 MiB "
+        "(unit session-3.scope)" in problem["message"]
+    )
+    assert "pid 1939: ask user intruder to end it or, as root, kill 1939" in problem["fix"]
     assert "2001" not in problem["message"]
     assert result["summary"]["own_processes"] == ["2001 sglang::scheduler (sglang-server.service)"]
 

@@ -1,0 +1,111 @@
+"""A live process of user `intruder` holds the server's GPUs: deploy.yml refuses in preflight, the server
+role refuses in validation, both naming PID, user and command with a remedy, before any stop; the running
+server keeps its MainPID and InvocationID and stays healthy. After the holder is gone the deploy goes through."""
+
+import re
+import shlex
+
+import pytest
+from sglang_molecule import UNIT_PATH, health, props, report, run_playbook
+
+HOST = "sglang-01"
+HOLD = ["/usr/local/bin/gpusim-hold", "--gpus", "0,1", "--mib", "2048"]
+COMMAND = "/usr/bin/python3 " + " ".join(HOLD)
+CHANGED = {"sglang_server_args_host": {"max-running-requests": 32}}
+# this machine's disk is not the fleet's: only the GPU check is under test here
+SMALL_DISK = {"gpu_facts_disk_requirements": [{"path": "/opt/ml-env", "min_free_gib": 1, "purpose": "ml-env"}]}
+
+
+def apps(host):
+    out = host.check_output("nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader")
+    return [line.split(", ") for line in out.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def intruder(host):
+    host.check_output("id intruder || useradd --create-home --shell /bin/bash intruder")
+    # a user's own shell job, detached (every fd away from this ssh session, or the session never ends)
+    host.check_output(f"runuser -u intruder -- setsid -f {shlex.join(HOLD)} </dev/null >/tmp/intruder-hold.log 2>&1")
+    host.check_output("for i in $(seq 100); do grep -q holding /tmp/intruder-hold.log && break; sleep 0.1; done")
+    log = host.file("/tmp/intruder-hold.log").content_string
+    pid = int(re.search(r"as pid (\d+)", log).group(1))
+    yield pid
+    host.run(f"kill {pid}")
+
+
+@pytest.fixture(scope="module")
+def server_before(host):
+    before = props(host)
+    assert before["ActiveState"] == "active" and health(host) == "200"
+    return before
+
+
+@pytest.fixture(scope="module")
+def deploy_refused(host, server_before, intruder):
+    rc, out = run_playbook("deploy.yml", {**CHANGED, **SMALL_DISK})
+    return rc, " ".join(out.split())
+
+
+@pytest.fixture(scope="module")
+def server_refused(host, deploy_refused, intruder):
+    rc, out = run_playbook("playbooks/deploy_server.yml", CHANGED)
+    return rc, " ".join(out.split())
+
+
+def test_the_intruder_holds_the_servers_gpus(host, intruder, server_before):
+    rows = [r for r in apps(host) if r[0] == str(intruder)]
+    assert [(r[1], r[2]) for r in rows] == [("/usr/bin/python3", "2048 MiB")] * 2
+    assert host.check_output(f"ps -o user= -p {intruder}") == "intruder"
+
+
+def test_deploy_is_refused_in_preflight_naming_pid_user_and_command(deploy_refused, intruder):
+    rc, out = deploy_refused
+    assert rc != 0
+    assert "PREFLIGHT FAILED on sglang-01" in out
+    assert (
+        f"GPUs are held by processes that are not the SGLang service: pid {intruder} /usr/bin/python3, "
+        f"user intruder, command `{COMMAND}`, on GPU0,GPU1 using 4096 MiB" in out
+    )
+    assert f"pid {intruder}: ask user intruder to end it or, as root, kill {intruder};" in out
+    assert "systemctl stop ssh" not in out  # the job runs in ssh.service here (no logind): never advise stopping it
+    # the first stage stopped the run: no later stage (toolkit, ml-env, weights, server) ran a task
+    for stage in ("cuda_toolkit :", "ml_env :", "model_weights :", "sglang_server :"):
+        assert f"TASK [{stage}" not in out
+
+
+def test_the_server_role_refuses_in_validation_before_the_stop(host, server_refused, intruder):
+    rc, out = server_refused
+    assert rc != 0
+    assert "SGLANG SERVER DEPLOY FAILED on sglang-01 in phase validate" in out
+    assert "Refuse GPUs held by another program (before any stop)" in out
+    assert (
+        f"GPUs 0,1,2,3,4,5,6,7 of the server are held by processes outside sglang-server.service: pid {intruder} "
+        f"(/usr/bin/python3, user intruder, command `{COMMAND}`, GPUs 0,1, 4096 MiB, unit " in out
+    )
+    assert "The running server was not stopped." in out
+    assert f"Remedy: pid {intruder}: ask user intruder to end it or, as root, kill {intruder}" in out
+    assert "TASK [sglang_server : Stop" not in out
+    r = report(HOST)
+    assert r["result"] == "failed" and r["failure"]["phase"] == "validate"
+
+
+def test_the_running_server_is_untouched(host, server_before, deploy_refused, server_refused):
+    assert props(host) == server_before
+    assert health(host) == "200"
+    assert "--max-running-requests 64" in host.file(UNIT_PATH).content_string
+
+
+def test_once_the_holder_is_gone_the_deploy_goes_through(host, server_before, server_refused, intruder):
+    host.check_output(f"kill {intruder}")
+    host.check_output(
+        f"for i in $(seq 100); do nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -qx {intruder} "
+        "|| break; sleep 0.1; done"
+    )
+    assert str(intruder) not in [r[0] for r in apps(host)]
+    rc, out = run_playbook("playbooks/deploy_server.yml", CHANGED)
+    assert rc == 0, out[-3000:]
+    after = props(host)
+    assert after["ActiveState"] == "active" and after["MainPID"] != server_before["MainPID"]
+    assert "--max-running-requests 32" in host.file(UNIT_PATH).content_string
+    assert health(host) == "200"
+    assert report(HOST)["result"] == "ok"
