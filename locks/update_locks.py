@@ -255,6 +255,17 @@ def cmd_wheelhouse_production(args) -> int:
     meta = yaml.safe_load((lock_dir / "lock.yml").read_text())
     out = Path(args.dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    lock_sha = sha256(lock_dir / "requirements.txt")
+    manifest_path = out / "wheelhouse.json"
+    if manifest_path.exists() and not args.verify:
+        old = json.loads(manifest_path.read_text())
+        complete = (
+            all((out / w["file"]).exists() and (out / w["file"]).stat().st_size == w["size"] for w in old["wheels"])
+            and (out / old["uv_wheel"]).exists()
+        )
+        if old.get("lock_sha256") == lock_sha and complete:
+            print(f"{out}: complete for lock {args.name} ({old['total_bytes'] / 2**30:.2f} GiB), nothing to fetch")
+            return 0
     ranked = {t: i for i, t in enumerate(target_tags(meta["python_version"], meta["python_platform"]))}
     pins = lock_pins(lock_dir)
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -272,7 +283,6 @@ def cmd_wheelhouse_production(args) -> int:
             + ", ".join(missing)
         )
     known = {}
-    manifest_path = out / "wheelhouse.json"
     if manifest_path.exists() and not args.verify:
         known = {w["file"]: (w["size"], w["sha256"]) for w in json.loads(manifest_path.read_text())["wheels"]}
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -280,6 +290,7 @@ def cmd_wheelhouse_production(args) -> int:
     uv = fetch_uv_wheel(out)
     manifest = {
         "lock": args.name,
+        "lock_sha256": lock_sha,
         "python_version": meta["python_version"],
         "python_platform": meta["python_platform"],
         "wheels": [

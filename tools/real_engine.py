@@ -37,7 +37,8 @@ CACHE = Path(os.environ.get("REAL_ENGINE_CACHE", ROOT / ".cache" / "real-engine"
 WHEELHOUSE = Path(os.environ.get("REAL_ENGINE_WHEELHOUSE", "/var/cache/gpufleet-lab/wheelhouse-sglang-cu128"))
 LAB = os.environ.get("REAL_ENGINE_LAB", "realengine")
 HOST = f"{LAB}-01"
-INVENTORY = CACHE / "inventory"
+# two levels below the root, as the lab group_vars expect (inventory_dir/../../.cache/ml-env)
+INVENTORY = ROOT / "inventory" / "real-engine"
 EXAMPLE = ROOT / "inventory" / "examples" / "glm5-rtxpro6000" / "group_vars"
 LAB_PYTHON = "/opt/gpufleet-lab/python-3.12/bin/python3.12"
 REPORT = ROOT / "reports" / "deploy" / f"{HOST}.json"
@@ -201,10 +202,6 @@ def main() -> int:
     python_tarball()
     driver_stub()
     ml_vars, server_vars = write_vars()
-    INVENTORY.mkdir(parents=True, exist_ok=True)
-    group_vars = INVENTORY / "group_vars"
-    if not group_vars.is_symlink():
-        group_vars.symlink_to(ROOT / "inventory" / "lab" / "group_vars")
     up = ("up", "--hosts", "1", "--profile", "rtx-pro-6000x8-vm", "--inventory", INVENTORY / "hosts.yml")
     step("03-lab-up", lab(*up))
     try:
