@@ -83,7 +83,8 @@ REAL_HELP = REPO / "tests" / "unit" / "fixtures" / "sglang-0.5.9" / "launch_serv
 def test_exact_flags_and_suggestions():
     help_options = f.sglang_help_options(REAL_HELP.read_text())
     assert f.sglang_flag_problems({"tp-size": 8, "port": 1}, help_options) == []
-    problems = f.sglang_flag_problems({"nsa-decode-backen": "trtllm", "tp": 8, "port": None, "xyzzy-plugh": 1}, help_options)
+    args = {"nsa-decode-backen": "trtllm", "tp": 8, "port": None, "xyzzy-plugh": 1}
+    problems = f.sglang_flag_problems(args, help_options)
     assert len(problems) == 3  # port is omitted (null): not rendered, not checked
     assert "--nsa-decode-backen is not an option" in problems[0]
     assert "did you mean --nsa-decode-backend" in problems[0]
