@@ -16,13 +16,14 @@ SCENARIO ?=
 MOLECULE_JOBS ?=
 LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
 
-.PHONY: help setup apt venv collections deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-tests molecule bench-lab
+.PHONY: real-engine help setup apt venv collections deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-tests molecule bench-lab
 
 help:
 	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
 	@echo "make test          lint + unit tests + lab tests + every Molecule scenario"
 	@echo "make lab-up HOSTS=N [PROFILE=p1,p2] [LAB=name SUBNET=10.x.y.0/24] / make lab-down [LAB=name]"
 	@echo "make molecule [SCENARIO=roles/<role>:default or molecule:<scenario>] [MOLECULE_JOBS=n]"
+	@echo "make real-engine    the production lock (real SGLang 0.5.9) on a GPU-less lab host: must fail, roll back"
 	@echo "make bench-lab     time lab bring-up (2 and 8 hosts) and make test; saves JSON in benchmarks/results"
 
 setup: apt venv collections
@@ -86,3 +87,9 @@ molecule:
 
 bench-lab: setup
 	.venv/bin/python benchmarks/bench_lab.py
+
+# The real engine on the lab (not in `make test`: a 4.8 GiB wheelhouse, about 15 minutes): the production
+# lock's ml-env from a cached controller wheelhouse on its own lab; the example inventory's flags must fail
+# on the GPU-less host and roll back to the simulator. README.md "The real engine on the lab".
+real-engine: setup
+	.venv/bin/python tools/real_engine.py

@@ -9,6 +9,7 @@ Each lock is a directory ``locks/<name>/`` with ``requirements.in`` (what we ask
   python locks/update_locks.py lab                      # rebuild the wheelhouse, rewrite locks/lab-sim
   python locks/update_locks.py production [--name sglang-cu128] [--exclude-newer DATE]
   python locks/update_locks.py check-lab                # the lab lock still matches a fresh wheel build
+  python locks/update_locks.py wheelhouse-production [--name sglang-cu128] [--dir DIR]   # production wheels
 
 The sglang-sim wheel is built reproducibly (fixed SOURCE_DATE_EPOCH, pinned setuptools, sources
 copied with fixed modes), so its hash in locks/lab-sim/requirements.txt is stable until the simulator's
@@ -158,6 +159,156 @@ def cmd_wheelhouse(args) -> int:
     return 0
 
 
+# ---- Production wheelhouse: every wheel of a hashed lock for its target (Python, platform), from PyPI ----
+DEFAULT_PROD_WHEELHOUSE = Path("/var/cache/gpufleet-lab/wheelhouse-sglang-cu128")
+
+
+def lock_pins(lock_dir: Path) -> list[tuple[str, str, set[str]]]:
+    """[(name, version, {sha256...})] of a lock written by `uv pip compile --generate-hashes`."""
+    pins: list[tuple[str, str, set[str]]] = []
+    logical = " ".join(
+        line.split("#", 1)[0].rstrip().removesuffix("\\") if not line.lstrip().startswith("--hash") else line.strip()
+        for line in (lock_dir / "requirements.txt").read_text().splitlines()
+    )
+    for token in logical.split():
+        if token.startswith("--hash=sha256:"):
+            pins[-1][2].add(token.removeprefix("--hash=sha256:"))
+        elif "==" in token:
+            name, version = token.split("==", 1)
+            pins.append((name, version, set()))
+    return pins
+
+
+def target_tags(python_version: str, python_platform: str) -> list:
+    """Wheel tags a host of the lock's target accepts, best first (CPython, manylinux x86_64)."""
+    from packaging import tags
+
+    major, minor = (int(x) for x in python_version.split(".")[:2])
+    arch, _, plat = python_platform.partition("-")
+    if not plat.startswith("manylinux_2_"):
+        raise SystemExit(f"unsupported python_platform {python_platform} (expected <arch>-manylinux_2_<N>)")
+    glibc = int(plat.removeprefix("manylinux_2_"))
+    platforms = [f"manylinux_2_{m}_{arch}" for m in range(glibc, 4, -1)]
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    platforms += [f"{legacy[m]}_{arch}" for m in (17, 12, 5) if m <= glibc]
+    abi = f"cp{major}{minor}"
+    return [
+        *tags.cpython_tags((major, minor), abis=[abi, "abi3", "none"], platforms=platforms),
+        *tags.compatible_tags((major, minor), abi, platforms),
+    ]
+
+
+def choose_wheel(files: list[dict], name: str, version: str, hashes: set[str], ranked: dict) -> dict | None:
+    """The PyPI file entry of the best wheel of name==version for the target, among the lock's hashes."""
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+    best = None
+    for entry in files:
+        fname = entry["filename"]
+        if not fname.endswith(".whl") or entry.get("hashes", {}).get("sha256") not in hashes:
+            continue
+        try:
+            wname, wversion, _, wtags = parse_wheel_filename(fname)
+        except InvalidWheelFilename:
+            continue
+        if canonicalize_name(wname) != canonicalize_name(name) or str(wversion) != str(version):
+            continue
+        rank = min((ranked[t] for t in wtags if t in ranked), default=None)
+        if rank is not None and (best is None or rank < best[0]):
+            best = (rank, entry)
+    return best[1] if best else None
+
+
+def _pypi_files(name: str) -> list[dict]:
+    request = urllib.request.Request(
+        f"https://pypi.org/simple/{name}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response)["files"]
+
+
+def _download(entry: dict, out: Path, known: dict | None = None) -> tuple[Path, bool]:
+    """Fetch one wheel, checked against its sha256; a file already there is kept when its size matches and
+    its sha256 does (read again, or taken from the manifest of an earlier verified download: `known`)."""
+    target = out / entry["filename"]
+    want = entry["hashes"]["sha256"]
+    same_size = target.exists() and target.stat().st_size == entry.get("size", target.stat().st_size)
+    if same_size and ((known or {}).get(target.name) == (target.stat().st_size, want) or sha256(target) == want):
+        return target, False
+    tmp = target.with_name(target.name + ".part")
+    with urllib.request.urlopen(entry["url"], timeout=300) as response, tmp.open("wb") as handle:
+        shutil.copyfileobj(response, handle, 1 << 20)
+    got = sha256(tmp)
+    if got != want:
+        tmp.unlink()
+        raise SystemExit(f"{entry['filename']}: sha256 {got} is not the lock's {want}")
+    tmp.rename(target)
+    target.chmod(0o644)
+    return target, True
+
+
+def cmd_wheelhouse_production(args) -> int:
+    """Download every pinned wheel of a production lock for its target into a (cached) wheelhouse."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    lock_dir = LOCKS / args.name
+    meta = yaml.safe_load((lock_dir / "lock.yml").read_text())
+    out = Path(args.dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    lock_sha = sha256(lock_dir / "requirements.txt")
+    manifest_path = out / "wheelhouse.json"
+    if manifest_path.exists() and not args.verify:
+        old = json.loads(manifest_path.read_text())
+        complete = (
+            all((out / w["file"]).exists() and (out / w["file"]).stat().st_size == w["size"] for w in old["wheels"])
+            and (out / old["uv_wheel"]).exists()
+        )
+        if old.get("lock_sha256") == lock_sha and complete:
+            print(f"{out}: complete for lock {args.name} ({old['total_bytes'] / 2**30:.2f} GiB), nothing to fetch")
+            return 0
+    ranked = {t: i for i, t in enumerate(target_tags(meta["python_version"], meta["python_platform"]))}
+    pins = lock_pins(lock_dir)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        listings = list(pool.map(lambda pin: _pypi_files(pin[0]), pins))
+    chosen, missing = [], []
+    for (name, version, hashes), files in zip(pins, listings, strict=True):
+        entry = choose_wheel(files, name, version, hashes, ranked)
+        if entry is None:
+            missing.append(f"{name}=={version}")
+        else:
+            chosen.append(entry)
+    if missing:
+        raise SystemExit(
+            f"no wheel with a locked hash for Python {meta['python_version']} on {meta['python_platform']}: "
+            + ", ".join(missing)
+        )
+    known = {}
+    if manifest_path.exists() and not args.verify:
+        known = {w["file"]: (w["size"], w["sha256"]) for w in json.loads(manifest_path.read_text())["wheels"]}
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(lambda entry: _download(entry, out, known), chosen))
+    uv = fetch_uv_wheel(out)
+    manifest = {
+        "lock": args.name,
+        "lock_sha256": lock_sha,
+        "python_version": meta["python_version"],
+        "python_platform": meta["python_platform"],
+        "wheels": [
+            {"file": path.name, "size": path.stat().st_size, "sha256": entry["hashes"]["sha256"]}
+            for (path, _), entry in zip(results, chosen, strict=True)
+        ],
+        "uv_wheel": uv.name,
+    }
+    manifest["total_bytes"] = sum(w["size"] for w in manifest["wheels"]) + uv.stat().st_size
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
+    fetched = sum(1 for _, new in results if new)
+    print(
+        f"{out}: {len(results)} wheels of lock {args.name} + uv ({manifest['total_bytes'] / 2**30:.2f} GiB), "
+        f"{fetched} downloaded now, {len(results) - fetched} already there"
+    )
+    return 0
+
+
 # Other locks over the lab wheelhouse, rewritten by `lab` too: Molecule's second lock of role ml_env.
 LAB_EXTRA_LOCKS = [ROOT / "roles" / "ml_env" / "molecule" / "default" / "locks" / "lab-sim-next"]
 
@@ -255,6 +406,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="sglang-cu128")
     p.add_argument("--exclude-newer", help="resolve as of this date (RFC 3339); recorded in lock.yml")
     p.set_defaults(func=cmd_production)
+    p = sub.add_parser("wheelhouse-production", help="download a production lock's wheels (cached wheelhouse)")
+    p.add_argument("--name", default="sglang-cu128")
+    p.add_argument("--dir", default=str(DEFAULT_PROD_WHEELHOUSE), help="wheelhouse directory (default %(default)s)")
+    p.add_argument("--jobs", type=int, default=4, help="parallel downloads")
+    p.add_argument("--verify", action="store_true", help="read every cached wheel again (default: trust the manifest)")
+    p.set_defaults(func=cmd_wheelhouse_production)
     p = sub.add_parser("check-lab")
     p.set_defaults(func=cmd_check_lab)
     args = parser.parse_args(argv)

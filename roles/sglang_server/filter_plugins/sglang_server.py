@@ -35,7 +35,9 @@ ARGS_TABLE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
 SECRET_OPTIONS = {"--api-key": "sglang_server_api_key", "--admin-api-key": "sglang_server_api_key"}
 # Options that are the engine's own business in the role (the role adds them itself).
 ROLE_OPTIONS = {"--config": "the role passes --config itself (secret arguments file)"}
-HELP_OPTION_RE = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*")
+# A whole option string only: argparse wraps long help lines at hyphens, so prose such as "'--tokenizer-"
+# + newline + "metrics-...'" must not yield "--tokenizer-" (or "--tokenizer") as an option (sglang 0.5.9's real --help).
+HELP_OPTION_RE = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*(?<!-)(?![\w-])")
 SAFE_ARG_RE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
 _TABLE_CACHE: dict[str, dict] = {}

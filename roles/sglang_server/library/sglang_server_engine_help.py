@@ -61,7 +61,9 @@ cached:
   type: bool
 """
 
-OPTION_RE = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*")
+# A whole option string only: argparse wraps long help lines at hyphens, so prose such as "'--tokenizer-"
+# + newline + "metrics-...'" must not yield "--tokenizer-" (or "--tokenizer") as an option (sglang 0.5.9's real --help).
+OPTION_RE = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*(?<!-)(?![\w-])")
 
 
 def main():

@@ -76,20 +76,27 @@ def test_a_null_layer_value_removes_a_lower_layer_flag():
     assert f.sglang_argv({"model": "/m", "model-path": None}) == ["--model", "/m"]
 
 
+# The real `python -m sglang.launch_server --help` of sglang 0.5.9 (make real-engine; fixtures/sglang-0.5.9/README.md).
+REAL_HELP = REPO / "tests" / "unit" / "fixtures" / "sglang-0.5.9" / "launch_server-help.txt"
+
+
 def test_exact_flags_and_suggestions():
-    help_options = ["--tp-size", "--tensor-parallel-size", "--nsa-decode-backend", "--nsa-prefill-backend", "--port"]
+    help_options = f.sglang_help_options(REAL_HELP.read_text())
     assert f.sglang_flag_problems({"tp-size": 8, "port": 1}, help_options) == []
-    problems = f.sglang_flag_problems({"nsa-decode-backen": "trtllm", "tp": 8, "port": None, "bogus": 1}, help_options)
+    args = {"nsa-decode-backen": "trtllm", "tp": 8, "port": None, "xyzzy-plugh": 1}
+    problems = f.sglang_flag_problems(args, help_options)
     assert len(problems) == 3  # port is omitted (null): not rendered, not checked
     assert "--nsa-decode-backen is not an option" in problems[0]
     assert "did you mean --nsa-decode-backend" in problems[0]
     assert "abbreviation of --tp-size" in problems[1]
-    assert "--bogus is not an option" in problems[2] and "did you mean" not in problems[2]
+    assert "--xyzzy-plugh is not an option" in problems[2] and "did you mean" not in problems[2]
 
 
 def test_help_options_are_read_from_real_help_text():
-    text = "  --tensor-parallel-size TENSOR_PARALLEL_SIZE, --tp-size TENSOR_PARALLEL_SIZE\n  --api-key API_KEY  x\n"
-    assert f.sglang_help_options(text) == ["--api-key", "--tensor-parallel-size", "--tp-size"]
+    options = f.sglang_help_options(REAL_HELP.read_text())
+    assert {"--api-key", "--tensor-parallel-size", "--tp-size", "--nsa-decode-backend", "--help"} <= set(options)
+    # prose wrapped at a hyphen ("'--tokenizer-" + newline + "metrics-custom-labels-header'") is no option
+    assert not [o for o in options if o.endswith("-")] and "--tokenizer" not in options
 
 
 def test_arg_lookup_by_any_alias_and_gpu_indices():
