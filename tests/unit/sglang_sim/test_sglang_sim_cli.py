@@ -137,11 +137,57 @@ def test_tp_larger_than_the_host_profile(tmp_path):
 
 def test_config_file_is_merged(tmp_path):
     cfg = tmp_path / "sglang.yaml"
-    cfg.write_text("# comment\nserved-model-name: glm-5\ntp_size: 2\ndisable_cuda_graph: true\ncuda-graph-bs: [1, 2]\n")
+    cfg.write_text("# comment\nserved-model-name: glm-5\ntp-size: 2\ndisable-cuda-graph: true\ncuda-graph-bs: [1, 2]\n")
     args = cli.parse(["--model", "/m", "--config", str(cfg), "--tp-size", "1"])
     assert args.served_model_name == "glm-5"
     assert args.tensor_parallel_size == 1  # CLI wins
     assert args.disable_cuda_graph is True and args.cuda_graph_bs == [1, 2]
+
+
+def test_config_keys_are_written_as_flags_verbatim_like_0_5_9(tmp_path, capsys):
+    # ConfigArgumentMerger turns each key into f"--{key}": underscores are not translated
+    cfg = tmp_path / "sglang.yaml"
+    cfg.write_text("tp_size: 2\n")
+    with pytest.raises(SystemExit) as e:
+        cli.parse(["--model", "/m", "--config", str(cfg)])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --tp_size 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("line", "api_key"),
+    [
+        ("api-key: 00017", "15"),
+        ("api-key: yes", "true"),
+        ("api-key: abc #tail", "abc"),
+        ("api-key: 1e3", "1e3"),
+        ("api-key: 0x1F", "31"),
+        ("api-key: '00017'", "00017"),
+        ("api-key: 'x #y'", "x #y"),
+        ("api-key: 'it''s'", "it's"),
+    ],
+)
+def test_config_values_are_typed_by_yaml_safe_load_like_0_5_9(tmp_path, line, api_key):
+    cfg = tmp_path / "secret-args.yaml"
+    cfg.write_text(line + "\n")
+    assert cli.parse(["--model", "/m", "--config", str(cfg)]).api_key == api_key
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "error"),
+    [
+        ("a.yaml", "api-key: *k\n", "yaml.composer.ComposerError: found undefined alias 'k'"),
+        ("a.json", "{}", "ValueError: Config file must be YAML format, got: .json"),
+        ("a.yaml", "- 1\n", "ValueError: Config file must contain a dictionary at root level"),
+        ("a.yaml", "lora-paths: [a]\n", "ValueError: Unsupported config option 'lora_paths'"),
+    ],
+)
+def test_config_errors_are_0_5_9s(tmp_path, name, body, error):
+    cfg = tmp_path / name
+    cfg.write_text(body)
+    with pytest.raises(SimFatal) as e:
+        cli.parse(["--model", "/m", "--config", str(cfg)])
+    assert e.value.exc_line.startswith(error)
 
 
 def test_help_and_version_subprocess():

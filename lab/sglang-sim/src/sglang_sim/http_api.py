@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import socket
 import time
 import traceback
@@ -115,10 +116,26 @@ class Handler(BaseHTTPRequestHandler):
         return body
 
     def authorized(self) -> bool:
+        """sglang 0.5.9 ``utils/auth.py`` ``decide_request_auth`` (NORMAL level, api_key set).
+
+        /health* and /metrics* need no key; the header is split once on a space, the scheme compared
+        case-insensitively and the key with ``secrets.compare_digest``, which raises TypeError for
+        non-ASCII text (the ASGI app then answers 500). Header values arrive latin-1 decoded with the
+        surrounding whitespace stripped, as h11/starlette hand them over.
+        """
         key = self.app.args.api_key
-        if not key or self.path.startswith("/health"):
+        path = self.path.split("?", 1)[0]
+        if not key or self.command == "OPTIONS" or path.startswith("/health") or path.startswith("/metrics"):
             return True
-        return self.headers.get("Authorization", "") == f"Bearer {key}"
+        header = self.headers.get("Authorization")
+        if header is not None:
+            header = header.strip(" \t")
+        if not header:
+            return False
+        parts = header.split(" ", 1)
+        if len(parts) != 2 or parts[0].lower() != "bearer":
+            return False
+        return secrets.compare_digest(parts[1], key)
 
     # ---------------------------------------------------------------- dispatch
     GET_ROUTES = {
@@ -139,7 +156,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self) -> None:
         path = self.path.split("?", 1)[0]
-        if not self.authorized():
+        try:
+            allowed = self.authorized()
+        except TypeError:  # compare_digest and a non-ASCII key, as in 0.5.9's middleware: uvicorn answers 500
+            log(f"ERROR:    Exception in ASGI application\n{traceback.format_exc()}")
+            if self.command == "POST":
+                self.read_body()
+            self.close_connection = True
+            self._send(500, b"Internal Server Error", "text/plain; charset=utf-8")
+            return
+        if not allowed:
             if self.command == "POST":
                 self.read_body()
             self.send_json(401, {"error": "Unauthorized"})
