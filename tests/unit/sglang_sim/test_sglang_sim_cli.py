@@ -266,8 +266,32 @@ def test_token_model_and_truncation():
     assert finish == "stop" and "".join(pieces) == textgen.PARIS
     pieces, finish = textgen.plan_output("anything", 50, ignore_eos=True)
     assert len(pieces) == 50 and finish == "length"
-    pieces, _ = textgen.plan_output("anything", 5, nan=True)
-    assert "".join(pieces).startswith("!!!!!!NaN NaN")
+    # broken kernels: token 0 ("!") at every step, never EOS, no "NaN" text
+    pieces, finish = textgen.plan_output("anything", 40, nan=True)
+    assert "".join(pieces) == "!" * 40 and finish == "length"
+    pieces, finish = textgen.plan_output("anything", None, nan=True)
+    assert "".join(pieces) == "!" * textgen.NAN_DEFAULT_TOKENS and "NaN" not in "".join(pieces)
+
+
+def test_thinking_answer_and_0_5_9_reasoning_split():
+    prompt = "What is the capital of France? Answer in one word."
+    pieces, finish = textgen.plan_output(prompt, None, think=True)
+    text = "".join(pieces)
+    assert finish == "stop" and text.startswith("<think>") and "</think>" in text
+    assert textgen.parse_reasoning(text, True)[1] == textgen.PARIS
+    assert textgen.parse_reasoning(text, False)[1] == textgen.PARIS  # <think> in the text starts reasoning
+    # a small budget ends inside the thinking: all of it is reasoning, no answer
+    pieces, finish = textgen.plan_output(prompt, 20, think=True)
+    reasoning, answer = textgen.parse_reasoning("".join(pieces), True)
+    assert finish == "length" and answer == "" and reasoning.startswith("The user asks")
+    # garbage under a reasoning parser that forces reasoning lands in reasoning_content
+    assert textgen.parse_reasoning("!!!!", True) == ("!!!!", "")
+    assert textgen.parse_reasoning("!!!!", False) == ("", "!!!!")
+    # streaming increments give the same split
+    sp = textgen.StreamingReasoningParser(True)
+    parts = [sp.feed(p) for p in textgen.plan_output(prompt, None, think=True)[0]]
+    assert "".join(r for r, _ in parts).strip() == textgen.parse_reasoning(text, True)[0].strip()
+    assert "".join(t for _, t in parts).strip() == textgen.PARIS
 
 
 def test_speed_model_saturates(monkeypatch):

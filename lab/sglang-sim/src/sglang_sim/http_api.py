@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from . import SERVER_VERSION, SIM_HEADER, SIM_HEADER_VALUE
 from .engine import ClientGone, Result
 from .log import log
+from .textgen import StreamingReasoningParser, parse_reasoning
 
 if TYPE_CHECKING:
     from .app import App
@@ -25,6 +26,28 @@ EOS_TOKEN_ID = 151329  # reported as "matched" stop token
 
 class BadRequest(Exception):
     pass
+
+
+def model_thinks(body: dict) -> bool:
+    """The simulated model is a thinking model (like GLM-5): a chat answer starts with ``<think>...</think>``
+    unless the request turns thinking off in its chat template (``chat_template_kwargs``: ``enable_thinking``
+    or ``thinking`` false, as GLM/Qwen templates then pre-fill an empty think block)."""
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        return True
+    return kwargs.get("enable_thinking") is not False and kwargs.get("thinking") is not False
+
+
+def reasoning_from_request(parser: str, body: dict) -> bool:
+    """sglang 0.5.9 ``OpenAIServingChat._get_reasoning_from_request`` (the parser's force_reasoning)."""
+    kwargs = body.get("chat_template_kwargs")
+    if parser == "deepseek-v3":
+        return kwargs is not None and kwargs.get("thinking") is True
+    if parser == "kimi_k2":
+        return not kwargs or kwargs.get("thinking") is not False
+    if parser in ("qwen3", "glm45", "nano_v3", "interns1"):
+        return not kwargs or kwargs.get("enable_thinking") is not False
+    return True
 
 
 class SimHTTPServer(ThreadingHTTPServer):
@@ -204,7 +227,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # ---------------------------------------------------------------- GET handlers
     def h_health(self) -> None:
-        self._send(200 if self.app.healthy() else 503, b"")
+        self._send(self.app.health_check(self.path.split("?", 1)[0]), b"")
 
     def h_models(self) -> None:
         name = self.app.args.served_model_name
@@ -329,6 +352,7 @@ class Handler(BaseHTTPRequestHandler):
         on_piece=None,
         prompt_tokens: int | None = None,
         rid: str | None = None,
+        think: bool = False,
     ) -> Result:
         rid = rid or self.app.engine.new_rid()
         self.app.request_begin(rid)
@@ -340,6 +364,7 @@ class Handler(BaseHTTPRequestHandler):
                 on_piece=on_piece,
                 rid=rid,
                 prompt_tokens=prompt_tokens,
+                think=think,
             )
         finally:
             self.app.request_end(rid)
@@ -572,8 +597,13 @@ class Handler(BaseHTTPRequestHandler):
         ignore_eos = bool(body.get("ignore_eos", False))
         model = body.get("model") or self.app.args.served_model_name
         created = int(time.time())
+        think = model_thinks(body)
+        parser = self.app.args.reasoning_parser
+        separate = parser is not None and body.get("separate_reasoning", True) is not False
+        force_reasoning = separate and reasoning_from_request(parser, body)
         if not body.get("stream"):
-            r = self._run(answer_prompt, max_tokens, ignore_eos, prompt_tokens=prompt_tokens)
+            r = self._run(answer_prompt, max_tokens, ignore_eos, prompt_tokens=prompt_tokens, think=think)
+            reasoning, text = parse_reasoning(r.text, force_reasoning) if separate else ("", r.text)
             self.send_json(
                 200,
                 {
@@ -586,8 +616,8 @@ class Handler(BaseHTTPRequestHandler):
                             "index": 0,
                             "message": {
                                 "role": "assistant",
-                                "content": r.text,
-                                "reasoning_content": None,
+                                "content": text if text else None,
+                                "reasoning_content": reasoning if reasoning else None,
                                 "tool_calls": None,
                             },
                             "logprobs": None,
@@ -614,13 +644,26 @@ class Handler(BaseHTTPRequestHandler):
             }
 
         self._sse(chunk({"role": "assistant", "content": ""}))
+        stream_parser = StreamingReasoningParser(force_reasoning) if separate else None
+
+        def on_piece(piece: str, i: int) -> None:
+            if stream_parser is None:
+                self._sse(chunk({"content": piece}))
+                return
+            reasoning, text = stream_parser.feed(piece)
+            if reasoning:
+                self._sse(chunk({"reasoning_content": reasoning}))
+            if text:
+                self._sse(chunk({"content": text}))
+
         r = self._run(
             answer_prompt,
             max_tokens,
             ignore_eos,
-            on_piece=lambda piece, i: self._sse(chunk({"content": piece})),
+            on_piece=on_piece,
             prompt_tokens=prompt_tokens,
             rid=rid,
+            think=think,
         )
         self._sse(chunk({}, r.finish_reason, matched_stop=self._matched(r)))
         if self._include_usage(body):
