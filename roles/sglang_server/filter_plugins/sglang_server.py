@@ -283,7 +283,7 @@ def sglang_api_key_problem(key) -> str:
       ``decide_request_auth``), which raises TypeError for non-ASCII strings: every request with a Bearer
       header then fails with 500. Control characters cannot be sent in an HTTP header at all.
     * Trailing whitespace: HTTP servers strip it from header values, so the sent key loses it.
-    * A leading ``-``: argparse reads ``--api-key -x`` as a missing value (exit 2).
+    * A leading ``-``: argparse may read ``--api-key -x`` as a missing value (exit 2); refused as a whole.
     """
     text = "" if key is None else str(key)
     if not text:
@@ -302,7 +302,7 @@ def sglang_api_key_problem(key) -> str:
     if text != text.rstrip():
         return "sglang_server_api_key ends with whitespace, which HTTP strips from the Authorization header"
     if text.startswith("-"):
-        return "sglang_server_api_key starts with '-': SGLang's argparse takes it for an option (--api-key -...)"
+        return "sglang_server_api_key starts with '-': SGLang's argparse may take it for an option (--api-key -...)"
     return ""
 
 
