@@ -183,11 +183,12 @@ def nan_pieces(count: int) -> list[str]:
 
 
 def thinking_text(prompt: str, answer_text: str) -> str:
-    """What the simulated thinking model writes between <think> and </think> (deterministic, 50-90 tokens)."""
+    """What the simulated thinking model writes between <think> and </think>: deterministic, 80-130 tokens, so
+    a budget of 64 tokens (a typical smoke check's) always ends inside the thinking, as it does with GLM-5."""
     digest = hashlib.sha256(("think:" + prompt).encode("utf-8", "replace")).hexdigest()
     words = TOKEN_RE.findall(prompt)
     topic = "".join(words[:12]).strip().rstrip(".?!")
-    n = 2 + int(digest[0], 16) % 3
+    n = 4 + int(digest[0], 16) % 4
     notes = " ".join(_sentence(f"{digest}:think:{i}".encode()) for i in range(n))
     first = re.split(r"(?<=[.!?])\s", answer_text.strip().splitlines()[0], maxsplit=1)[0]
     return f"The user asks: {topic}. Let me think about it. {notes} So the answer starts with: {first}"
