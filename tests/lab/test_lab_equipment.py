@@ -106,7 +106,8 @@ def test_engine_under_systemd_with_the_seed_flags(hosts, tmp_path):
             break
         time.sleep(0.2)
     journal = on(seed, "journalctl -u sglang-sim.service --no-pager")
-    assert 503 in seen and seen[-1] == 200, f"health went {seen}\n{journal}"
+    # 0.5.9: nothing listens while the model loads (uvicorn binds after it), then 503 during the warm-up, 200
+    assert seen[0] == 0 and seen[-1] == 200, f"health went {seen}\n{journal}"
     assert "The server is fired up and ready to roll!" in journal
     used = _memory_used(seed)
     assert all(mib > 0.9 * 97000 * 0.92 for mib in used), used

@@ -34,14 +34,31 @@ def redact(line, secrets):
     return line
 
 
+def secret_forms(values):
+    """Byte strings to mask, longest first: each value as Python's repr (how ``server_args=ServerArgs(...
+    api_key=...)`` prints it: quotes and backslashes escaped, whatever its length) -> ``'[REDACTED]'``,
+    and each value of 4 characters or more as it is -> ``[REDACTED]``."""
+    forms = {}
+    for value in values:
+        if value:
+            forms[repr(value).encode("utf-8", "backslashreplace")] = b"'" + MASK + b"'"
+        if len(value) >= 4:
+            forms[value.encode("utf-8", "surrogateescape")] = MASK
+    return sorted(forms.items(), key=lambda item: len(item[0]), reverse=True)
+
+
+def redact_forms(line, forms):
+    for secret, mask in forms:
+        line = line.replace(secret, mask)
+    return line
+
+
 def main(argv):
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         sys.stderr.write("usage: sglang-log-redact -- COMMAND [ARGS...]\n")
         return 2
     command = argv[argv.index("--") + 1 :]
-    secrets = sorted(
-        {os.environ[k].encode() for k in SECRET_VARS if len(os.environ.get(k, "")) >= 4}, key=len, reverse=True
-    )
+    forms = secret_forms(os.environ.get(k, "") for k in SECRET_VARS)
     env = {k: v for k, v in os.environ.items() if k not in CHILD_DROPS}
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -70,7 +87,7 @@ def main(argv):
     signal.signal(signal.SIGINT, forward)
     out = sys.stdout.buffer
     for line in iter(child.stdout.readline, b""):
-        out.write(redact(line, secrets))
+        out.write(redact_forms(line, forms))
         out.flush()
     rc = child.wait()
     return 128 - rc if rc < 0 else rc

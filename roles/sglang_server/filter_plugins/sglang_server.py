@@ -257,6 +257,57 @@ def env_file_line(key, value) -> str:
     return f'{key}="{text}"'
 
 
+# The ExecStartPre program that writes the API key into the YAML file SGLang's --config reads. SGLang 0.5.9
+# reads that file with yaml.safe_load (server_args_config_parser.ConfigArgumentMerger._parse_yaml_config),
+# which types plain scalars (00017 -> 15, yes -> true, "a #b" -> "a", "*k" -> error), so the key is written
+# as a YAML single-quoted scalar: every character stands for itself there, only ' is doubled. It runs under
+# the release's python with the key in its environment (from the EnvironmentFile), never in an argv.
+API_KEY_CONFIG_WRITER = (
+    "import os, sys; key = os.environ['SGLANG_SERVER_API_KEY']; os.umask(0o077); "
+    "open(sys.argv[1], 'w', encoding='utf-8').write(\"api-key: '\" + key.replace(\"'\", \"''\") + \"'\\n\")"
+)
+
+
+def yaml_single_quoted(value) -> str:
+    """``value`` as a YAML single-quoted scalar (what API_KEY_CONFIG_WRITER writes)."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def sglang_api_key_config_writer(_unused=None) -> str:
+    """The python source of the ExecStartPre that writes ``api-key: '<key>'`` (see API_KEY_CONFIG_WRITER)."""
+    return API_KEY_CONFIG_WRITER
+
+
+def sglang_api_key_problem(key) -> str:
+    """Why SGLang 0.5.9 could never accept ``key`` as its API key ('' = it can). Never quotes the key.
+
+    * Non-ASCII: 0.5.9 compares with ``secrets.compare_digest(str, str)`` (utils/auth.py
+      ``decide_request_auth``), which raises TypeError for non-ASCII strings: every request with a Bearer
+      header then fails with 500. Control characters cannot be sent in an HTTP header at all.
+    * Trailing whitespace: HTTP servers strip it from header values, so the sent key loses it.
+    * A leading ``-``: argparse may read ``--api-key -x`` as a missing value (exit 2); refused as a whole.
+    """
+    text = "" if key is None else str(key)
+    if not text:
+        return ""
+    for i, ch in enumerate(text):
+        if ord(ch) > 0x7E:
+            return (
+                f"sglang_server_api_key has a non-ASCII character at position {i + 1}: SGLang 0.5.9 compares keys "
+                "with secrets.compare_digest, which refuses non-ASCII text (every request would fail with 500)"
+            )
+        if ord(ch) < 0x20:
+            return (
+                f"sglang_server_api_key has a control character at position {i + 1}: it cannot be sent in an "
+                "HTTP Authorization header"
+            )
+    if text != text.rstrip():
+        return "sglang_server_api_key ends with whitespace, which HTTP strips from the Authorization header"
+    if text.startswith("-"):
+        return "sglang_server_api_key starts with '-': SGLang's argparse may take it for an option (--api-key -...)"
+    return ""
+
+
 def sglang_model_is_local(model) -> bool:
     """A model given as an absolute path is a local directory (HF_HUB_OFFLINE=1); anything else a hub id."""
     return str(model or "").startswith("/")
@@ -274,6 +325,8 @@ class FilterModule:
             "systemd_exec_args": _wrap(systemd_exec_args),
             "systemd_environment": _wrap(systemd_environment),
             "env_file_line": _wrap(env_file_line),
+            "sglang_api_key_problem": _wrap(sglang_api_key_problem),
+            "sglang_api_key_config_writer": _wrap(sglang_api_key_config_writer),
             "sglang_model_is_local": _wrap(sglang_model_is_local),
         }
 

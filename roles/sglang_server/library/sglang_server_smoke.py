@@ -16,7 +16,12 @@ short_description: Prove the SGLang server healthy by real generations (health, 
 description:
   - C(/health) must answer 200 and C(/v1/models) must list the served model name.
   - Each smoke prompt goes to C(/v1/chat/completions); the answer must match its C(expect) regex, must not
-    look like garbage (NaN, runs of one character or token) and must decode at least I(min_tokens_per_s).
+    look like garbage (runs of C(!) or of one character or token, NaN) and must decode at least I(min_tokens_per_s).
+  - Reasoning models. With a reasoning parser SGLang returns the thinking in C(reasoning_content) and the answer in
+    C(content) (C(null) when the token budget ended inside the thinking); without one the C(<think>...</think>)
+    block stays in C(content). The answer is C(content) after any think block; when there is none (the budget
+    was spent on thinking) the expectation is checked on the thinking instead, with a warning. Garbage is looked
+    for in both. With I(reasoning_parser) set every prompt gets at least I(reasoning_max_tokens) tokens.
   - The journal of this start of the unit must hold no error line (Traceback, CUDA error, NaN in the logits).
   - Reads C(/get_server_info) for the engine version. Sends an C(Authorization) Bearer header when there is an API key.
 options:
@@ -44,6 +49,14 @@ options:
     type: list
     elements: dict
     required: true
+  reasoning_parser:
+    description: "The server's C(--reasoning-parser) (empty: none); a reasoning model thinks before it answers."
+    type: str
+    default: ""
+  reasoning_max_tokens:
+    description: "With I(reasoning_parser): the least max_tokens of a prompt (room for the thinking and the answer)."
+    type: int
+    default: 1024
   min_tokens_per_s:
     description: "Minimum completion tokens per second of each prompt (0 = no floor)."
     type: float
@@ -102,7 +115,13 @@ models:
   returned: always
   type: list
 prompts:
-  description: "Per prompt: prompt, expect, answer (first 300 chars), ok, tokens, seconds, tokens_per_s, problems."
+  description: >-
+    Per prompt: prompt, expect, max_tokens, answer (first 300 chars), answer_from (content or reasoning_content),
+    thinking_chars (length of the thinking), finish_reason, ok, tokens, seconds, tokens_per_s, problems.
+  returned: always
+  type: list
+remarks:
+  description: "Checks that passed with a remark (an answer found only in the thinking); also shown as warnings."
   returned: always
   type: list
 journal_errors:
@@ -145,17 +164,119 @@ def read_env_file(path):
     return values
 
 
-def check_answer(answer, expect, garbage):
-    problems = []
-    if expect and not re.search(expect, answer or ""):
+THINK_START, THINK_END = "<think>", "</think>"
+
+
+def split_message(message):
+    """``(answer, thinking)`` of an OpenAI chat message from SGLang, with or without a reasoning parser.
+
+    With a parser: ``content`` is the answer (None when the budget ended inside the thinking) and
+    ``reasoning_content`` the thinking. Without one the model's ``<think>...</think>`` stays in ``content``.
+    """
+    content = message.get("content") or ""
+    thinking = message.get("reasoning_content") or ""
+    if THINK_END in content:
+        head, _sep, tail = content.rpartition(THINK_END)
+        thinking = (thinking + "\n" if thinking else "") + head.replace(THINK_START, "").strip()
+        content = tail.strip()
+    elif content.lstrip().startswith(THINK_START):  # cut inside the thinking, no parser
+        thinking = (thinking + "\n" if thinking else "") + content.replace(THINK_START, "").strip()
+        content = ""
+    return content, thinking
+
+
+def check_answer(answer, expect, garbage, thinking="", finish_reason=None):
+    """``(problems, warnings, answer_from)`` for one answer (see split_message)."""
+    problems, warnings = [], []
+    answer_from = "content"
+    checked = answer or ""
+    if not checked.strip() and thinking.strip():
+        answer_from = "reasoning_content"
+        checked = thinking
+        why = " (finish_reason length: raise max_tokens)" if finish_reason == "length" else ""
+        warnings.append(f"no answer after the thinking{why}; the expectation was checked on the thinking")
+    if expect and not re.search(expect, checked):
         problems.append(f"answer does not match /{expect}/")
     for pattern in garbage:
-        if re.search(pattern, answer or ""):
-            problems.append(f"answer looks like garbage (matches /{pattern}/)")
-            break
-    if not (answer or "").strip():
+        for name, text in (("answer", answer or ""), ("thinking", thinking)):
+            if text and re.search(pattern, text):
+                problems.append(f"{name} looks like garbage (matches /{pattern}/)")
+                break
+        else:
+            continue
+        break
+    if not checked.strip():
         problems.append("empty answer")
-    return problems
+    return problems, warnings, answer_from
+
+
+def prompt_max_tokens(item, reasoning_parser, reasoning_max_tokens):
+    """The prompt's max_tokens (64 when unset), at least ``reasoning_max_tokens`` for a reasoning model."""
+    value = int(item.get("max_tokens") or 64)
+    if reasoning_parser:
+        value = max(value, int(reasoning_max_tokens))
+    return value
+
+
+def parse_completion(text):
+    """``(answer, thinking, finish_reason, completion_tokens)`` of a chat completion body; ValueError if not one."""
+    try:
+        data = json.loads(text)
+        choice = data["choices"][0]
+        answer, thinking = split_message(choice["message"])
+        tokens = int((data.get("usage") or {}).get("completion_tokens") or 0)
+        return answer, thinking, choice.get("finish_reason"), tokens
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise ValueError("the answer is not an OpenAI chat completion") from exc
+
+
+def run_prompt(post, item, served_name, garbage, reasoning_parser="", reasoning_max_tokens=1024, min_tokens_per_s=0):
+    """Ask one smoke prompt with ``post(body) -> (status, text, seconds)``: ``(entry, problems, remarks)``.
+
+    A budget that ends inside the thinking (no answer, finish_reason length) is asked once more with
+    ``reasoning_max_tokens`` when that is larger: a reasoning model without a parser in the flags.
+    """
+    prompt = str(item.get("prompt", ""))
+    expect = item.get("expect") or ""
+    max_tokens = prompt_max_tokens(item, reasoning_parser, reasoning_max_tokens)
+    remarks, problems = [], []
+    while True:
+        body = {
+            "model": served_name,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
+        status, text, secs = post(body)
+        entry = {"prompt": prompt[:200], "expect": expect, "max_tokens": max_tokens, "status": status}
+        entry["seconds"] = round(secs, 3)
+        if status != 200:
+            problems.append(f"HTTP {status or 'no answer'}: {text[:200]}")
+            break
+        try:
+            answer, thinking, finish_reason, tokens = parse_completion(text)
+        except ValueError as exc:
+            problems.append(str(exc))
+            break
+        if not answer.strip() and thinking and finish_reason == "length" and max_tokens < int(reasoning_max_tokens):
+            remarks.append(
+                f"the budget of {max_tokens} tokens ended inside the thinking; asked again with {reasoning_max_tokens}"
+            )
+            max_tokens = int(reasoning_max_tokens)
+            continue
+        found, notes, answer_from = check_answer(answer, expect, garbage, thinking, finish_reason)
+        problems += found
+        remarks += notes
+        shown = answer if answer_from == "content" else thinking
+        entry.update(answer=shown[:300], answer_from=answer_from, finish_reason=finish_reason, tokens=tokens)
+        entry["thinking_chars"] = len(thinking)
+        entry["tokens_per_s"] = round(tokens / secs, 1) if secs > 0 else None
+        if min_tokens_per_s and tokens and secs > 0 and tokens / secs < min_tokens_per_s:
+            problems.append(f"{tokens / secs:.1f} tokens/s is below the floor of {min_tokens_per_s}")
+        break
+    entry["ok"] = not problems
+    entry["problems"] = problems
+    return entry, problems, remarks
 
 
 def main():
@@ -166,6 +287,8 @@ def main():
             "api_key": {"type": "str", "default": "", "no_log": True},
             "secrets_file": {"type": "path", "default": ""},
             "prompts": {"type": "list", "elements": "dict", "required": True},
+            "reasoning_parser": {"type": "str", "default": ""},
+            "reasoning_max_tokens": {"type": "int", "default": 1024},
             "min_tokens_per_s": {"type": "float", "default": 0.0},
             "timeout": {"type": "float", "default": 180.0},
             "garbage_patterns": {"type": "list", "elements": "str", "default": []},
@@ -211,43 +334,24 @@ def main():
             pass
 
     results = []
+    remarks = []
+
+    def post(body):
+        return http("POST", base + "/v1/chat/completions", body=body, headers=headers, timeout=p["timeout"])
+
     for item in p["prompts"]:
-        prompt = str(item.get("prompt", ""))
-        expect = item.get("expect") or ""
-        max_tokens = int(item.get("max_tokens") or 64)
-        body = {
-            "model": p["served_name"],
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-        }
-        status, text, secs = http(
-            "POST", base + "/v1/chat/completions", body=body, headers=headers, timeout=p["timeout"]
+        entry, problems, notes = run_prompt(
+            post,
+            item,
+            p["served_name"],
+            p["garbage_patterns"],
+            p["reasoning_parser"],
+            p["reasoning_max_tokens"],
+            p["min_tokens_per_s"],
         )
-        entry = {"prompt": prompt[:200], "expect": expect, "status": status, "seconds": round(secs, 3)}
-        problems = []
-        if status != 200:
-            problems.append(f"HTTP {status or 'no answer'}: {text[:200]}")
-        else:
-            try:
-                data = json.loads(text)
-                msg = data["choices"][0]["message"]
-                answer = (msg.get("content") or "") + (
-                    ("\n" + msg["reasoning_content"]) if not msg.get("content") and msg.get("reasoning_content") else ""
-                )
-                tokens = int((data.get("usage") or {}).get("completion_tokens") or 0)
-            except (ValueError, KeyError, IndexError, TypeError):
-                answer, tokens = "", 0
-                problems.append("the answer is not an OpenAI chat completion")
-            entry.update(answer=answer[:300], tokens=tokens)
-            entry["tokens_per_s"] = round(tokens / secs, 1) if secs > 0 else None
-            problems += check_answer(answer, expect, p["garbage_patterns"])
-            if p["min_tokens_per_s"] and tokens and secs > 0 and tokens / secs < p["min_tokens_per_s"]:
-                problems.append(f"{tokens / secs:.1f} tokens/s is below the floor of {p['min_tokens_per_s']}")
-        entry["ok"] = not problems
-        entry["problems"] = problems
         results.append(entry)
-        failures += [f"prompt {prompt[:60]!r}: {pr}" for pr in problems]
+        remarks += [f"prompt {entry['prompt'][:60]!r}: {n}" for n in notes]
+        failures += [f"prompt {entry['prompt'][:60]!r}: {pr}" for pr in problems]
 
     journal_errors = []
     if p["unit"] and p["invocation_id"] and p["journal_error_patterns"]:
@@ -267,12 +371,15 @@ def main():
         "health_status": health,
         "models": models,
         "prompts": results,
+        "remarks": remarks,
         "journal_errors": journal_errors[:20],
         "engine_version": version,
         "simulator": simulator,
         "seconds": round(time.monotonic() - started, 3),
         "finished_at": round(time.time(), 3),
     }
+    for remark in remarks:
+        module.warn(remark)
     if failures:
         module.fail_json(msg="health by generation failed: " + " | ".join(failures), **result)
     module.exit_json(**result)

@@ -137,11 +137,57 @@ def test_tp_larger_than_the_host_profile(tmp_path):
 
 def test_config_file_is_merged(tmp_path):
     cfg = tmp_path / "sglang.yaml"
-    cfg.write_text("# comment\nserved-model-name: glm-5\ntp_size: 2\ndisable_cuda_graph: true\ncuda-graph-bs: [1, 2]\n")
+    cfg.write_text("# comment\nserved-model-name: glm-5\ntp-size: 2\ndisable-cuda-graph: true\ncuda-graph-bs: [1, 2]\n")
     args = cli.parse(["--model", "/m", "--config", str(cfg), "--tp-size", "1"])
     assert args.served_model_name == "glm-5"
     assert args.tensor_parallel_size == 1  # CLI wins
     assert args.disable_cuda_graph is True and args.cuda_graph_bs == [1, 2]
+
+
+def test_config_keys_are_written_as_flags_verbatim_like_0_5_9(tmp_path, capsys):
+    # ConfigArgumentMerger turns each key into f"--{key}": underscores are not translated
+    cfg = tmp_path / "sglang.yaml"
+    cfg.write_text("tp_size: 2\n")
+    with pytest.raises(SystemExit) as e:
+        cli.parse(["--model", "/m", "--config", str(cfg)])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --tp_size 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("line", "api_key"),
+    [
+        ("api-key: 00017", "15"),
+        ("api-key: yes", "true"),
+        ("api-key: abc #tail", "abc"),
+        ("api-key: 1e3", "1e3"),
+        ("api-key: 0x1F", "31"),
+        ("api-key: '00017'", "00017"),
+        ("api-key: 'x #y'", "x #y"),
+        ("api-key: 'it''s'", "it's"),
+    ],
+)
+def test_config_values_are_typed_by_yaml_safe_load_like_0_5_9(tmp_path, line, api_key):
+    cfg = tmp_path / "secret-args.yaml"
+    cfg.write_text(line + "\n")
+    assert cli.parse(["--model", "/m", "--config", str(cfg)]).api_key == api_key
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "error"),
+    [
+        ("a.yaml", "api-key: *k\n", "yaml.composer.ComposerError: found undefined alias 'k'"),
+        ("a.json", "{}", "ValueError: Config file must be YAML format, got: .json"),
+        ("a.yaml", "- 1\n", "ValueError: Config file must contain a dictionary at root level"),
+        ("a.yaml", "lora-paths: [a]\n", "ValueError: Unsupported config option 'lora_paths'"),
+    ],
+)
+def test_config_errors_are_0_5_9s(tmp_path, name, body, error):
+    cfg = tmp_path / name
+    cfg.write_text(body)
+    with pytest.raises(SimFatal) as e:
+        cli.parse(["--model", "/m", "--config", str(cfg)])
+    assert e.value.exc_line.startswith(error)
 
 
 def test_help_and_version_subprocess():
@@ -220,8 +266,32 @@ def test_token_model_and_truncation():
     assert finish == "stop" and "".join(pieces) == textgen.PARIS
     pieces, finish = textgen.plan_output("anything", 50, ignore_eos=True)
     assert len(pieces) == 50 and finish == "length"
-    pieces, _ = textgen.plan_output("anything", 5, nan=True)
-    assert "".join(pieces).startswith("!!!!!!NaN NaN")
+    # broken kernels: token 0 ("!") at every step, never EOS, no "NaN" text
+    pieces, finish = textgen.plan_output("anything", 40, nan=True)
+    assert "".join(pieces) == "!" * 40 and finish == "length"
+    pieces, finish = textgen.plan_output("anything", None, nan=True)
+    assert "".join(pieces) == "!" * textgen.NAN_DEFAULT_TOKENS and "NaN" not in "".join(pieces)
+
+
+def test_thinking_answer_and_0_5_9_reasoning_split():
+    prompt = "What is the capital of France? Answer in one word."
+    pieces, finish = textgen.plan_output(prompt, None, think=True)
+    text = "".join(pieces)
+    assert finish == "stop" and text.startswith("<think>") and "</think>" in text
+    assert textgen.parse_reasoning(text, True)[1] == textgen.PARIS
+    assert textgen.parse_reasoning(text, False)[1] == textgen.PARIS  # <think> in the text starts reasoning
+    # a small budget ends inside the thinking: all of it is reasoning, no answer
+    pieces, finish = textgen.plan_output(prompt, 20, think=True)
+    reasoning, answer = textgen.parse_reasoning("".join(pieces), True)
+    assert finish == "length" and answer == "" and reasoning.startswith("The user asks")
+    # garbage under a reasoning parser that forces reasoning lands in reasoning_content
+    assert textgen.parse_reasoning("!!!!", True) == ("!!!!", "")
+    assert textgen.parse_reasoning("!!!!", False) == ("", "!!!!")
+    # streaming increments give the same split
+    sp = textgen.StreamingReasoningParser(True)
+    parts = [sp.feed(p) for p in textgen.plan_output(prompt, None, think=True)[0]]
+    assert "".join(r for r, _ in parts).strip() == textgen.parse_reasoning(text, True)[0].strip()
+    assert "".join(t for _, t in parts).strip() == textgen.PARIS
 
 
 def test_speed_model_saturates(monkeypatch):

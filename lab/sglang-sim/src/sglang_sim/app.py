@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 from . import cli, gpus
 from .engine import Engine, env_float
@@ -23,6 +25,19 @@ from .log import log
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KV_BYTES_PER_TOKEN = 80 * 1024
 WARMUP_PROMPT = "The capital city of France is"
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    """sglang 0.5.9 ``environ.EnvBool``."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.lower()
+    if value in ("true", "1", "yes", "y"):
+        return True
+    if value in ("false", "0", "no", "n"):
+        return False
+    raise ValueError(f'"{value}" is not a valid boolean value')
 
 
 def cuda_graph_bs_list(args: argparse.Namespace) -> list[int]:
@@ -91,7 +106,13 @@ class App:
             ttft_buckets=args.bucket_time_to_first_token,
             e2e_buckets=args.bucket_e2e_request_latency,
             cuda_graph=not args.disable_cuda_graph,
+            nan_detection=bool(args.enable_nan_detection),
         )
+        # TokenizerManager.server_status of 0.5.9: Starting -> Up (warm-up done / health check passed),
+        # UnHealthy after a failed health check
+        self.server_status = "Starting"
+        self.health_check_timeout = int(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", 20))
+        self.warmup_tries = int(env_float("SGLANG_SIM_WARMUP_TRIES", 120.0, 1.0))
         self.httpd: SimHTTPServer | None = None
         self._was_ready = False
         self.decode_log_interval = env_float("SGLANG_SIM_DECODE_LOG_INTERVAL", 10.0, 0.05)
@@ -100,6 +121,42 @@ class App:
     # ------------------------------------------------------------------ state used by HTTP handlers
     def healthy(self) -> bool:
         return self.state == "ready"
+
+    def health_check(self, path: str) -> int:
+        """sglang 0.5.9 ``http_server.health_generate`` (``/health`` and ``/health_generate``).
+
+        503 while shutting down or starting; else a one-token generation is submitted and the answer is
+        polled every second for up to SGLANG_HEALTH_CHECK_TIMEOUT (20) s: any output of the engine since
+        the check began (``last_receive_tstamp > tic``) is a pass. ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``
+        false makes ``/health`` (not ``/health_generate``) a plain 200.
+        """
+        if self.sigterm or self.state == "draining":
+            log("Health check request received during shutdown. Returning 503.")
+            return 503
+        if self.server_status == "Starting" or self.state != "ready":
+            return 503
+        if not _env_bool("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", True) and path == "/health":
+            return 200
+        tic = time.time()
+        threading.Thread(
+            target=self.engine.generate,
+            args=("0", 1),
+            kwargs={"prompt_tokens": 1, "log_metrics": False, "rid": f"HEALTH_CHECK_{tic}"},
+            daemon=True,
+        ).start()
+        while time.time() < tic + self.health_check_timeout:
+            time.sleep(1)
+            if self.engine.last_receive_tstamp > tic:
+                self.server_status = "Up"
+                return 200
+        log(
+            "Health check failed. Server couldn't get a response from detokenizer for last "
+            f"{self.health_check_timeout} seconds. tic start time: {time.strftime('%H:%M:%S', time.localtime(tic))}. "
+            "last_heartbeat time: "
+            f"{time.strftime('%H:%M:%S', time.localtime(self.engine.last_receive_tstamp))}"
+        )
+        self.server_status = "UnHealthy"
+        return 503
 
     def accepting_generation(self) -> bool:
         return self.state in ("ready", "draining")
@@ -127,23 +184,6 @@ class App:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGINT, self._on_sigint)
-        host, port = self.args.host, int(self.args.port)
-        if self.faults.port_taken:
-            log(bind_error_message(host, port))
-            return 1
-        try:
-            self.httpd = SimHTTPServer((host, port), self)
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                log(bind_error_message(host, port))
-            else:
-                log(bind_error_message(host, port, e.errno or 0, (e.strerror or str(e)).lower()))
-            return 1
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
-        log(f"INFO:     Started server process [{os.getpid()}]")
-        log("INFO:     Waiting for application startup.")
-        log("INFO:     Application startup complete.")
-        log(f"INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
         try:
             self._spawn_children()
             rc = self._main_loop()
@@ -153,6 +193,78 @@ class App:
                 self.httpd.shutdown()
                 self.httpd.server_close()
         return rc
+
+    def _start_http(self) -> int | None:
+        """uvicorn.run() in 0.5.9's ``launch_server``: only after ``_launch_subprocesses`` returned, i.e. after
+        the weights, KV cache and CUDA graphs are loaded. None when serving, else the exit status."""
+        host, port = self.args.host, int(self.args.port)
+        log(f"INFO:     Started server process [{os.getpid()}]")
+        log("INFO:     Waiting for application startup.")
+        log("INFO:     Application startup complete.")
+        error = None
+        if self.faults.port_taken:
+            error = bind_error_message(host, port)
+        else:
+            try:
+                self.httpd = SimHTTPServer((host, port), self)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    error = bind_error_message(host, port)
+                else:
+                    error = bind_error_message(host, port, e.errno or 0, (e.strerror or str(e)).lower())
+        if error is None:
+            threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
+            log(f"INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
+            return None
+        return self._bind_failed(error)
+
+    def _bind_failed(self, error: str) -> int:
+        """uvicorn logs the error and shuts the lifespan down, whose ``finally`` joins the warm-up thread that
+        0.5.9's lifespan had already started: ``_execute_server_warmup`` polls GET {url}/model_info once a
+        second, 120 times (SGLANG_SIM_WARMUP_TRIES), against whatever holds the port. If nothing there answers
+        200 it logs ``Initialization failed. warmup error`` and ``kill_process_tree(os.getpid())`` SIGKILLs
+        the children and the main process. If another server answers, the warm-up runs against it and
+        uvicorn then exits 1."""
+        log(error)
+        log("INFO:     Waiting for application shutdown.")
+        url = f"http://{self.args.host}:{int(self.args.port)}"
+        headers = {"Authorization": f"Bearer {self.args.api_key}"} if self.args.api_key else {}
+        last = "no attempt"
+        for _ in range(self.warmup_tries):
+            time.sleep(1)
+            try:
+                req = urllib.request.Request(url + "/model_info", headers=headers)
+                with urllib.request.urlopen(req, timeout=5) as res:
+                    status = res.status
+            except urllib.error.HTTPError as e:
+                status, last = e.code, f"AssertionError: res=<Response [{e.code}]>"
+            except (OSError, ValueError) as e:
+                status, last = 0, f"requests.exceptions.ConnectionError: {e}"
+            if status == 200:
+                break
+        else:
+            log(f"Initialization failed. warmup error: Traceback (most recent call last):\n{last}")
+            self._kill_process_tree()
+        body = json.dumps({"text": WARMUP_PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 8}})
+        try:
+            req = urllib.request.Request(
+                url + "/generate", data=body.encode(), headers={**headers, "Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(req, timeout=600):
+                pass
+        except (OSError, ValueError) as e:
+            log(f"Initialization failed. warmup error: Traceback (most recent call last):\n{e}")
+            self._kill_process_tree()
+        log("The server is fired up and ready to roll!")
+        log("INFO:     Application shutdown complete.")
+        return 1
+
+    def _kill_process_tree(self) -> None:
+        """utils.common.kill_process_tree(os.getpid()): SIGKILL to every child, then to this process."""
+        for c in self.children:
+            with contextlib.suppress(OSError):
+                c.popen.kill()
+        os.kill(os.getpid(), signal.SIGKILL)
 
     # ------------------------------------------------------------------ children
     def _child_env(self) -> dict[str, str]:
@@ -300,11 +412,17 @@ class App:
             if self.state == "ready":
                 self._maybe_log_decode()
             if self.state == "starting" and all(c.status == "ready" for c in self.schedulers()):
+                rc = self._start_http()
+                if rc is not None:
+                    return rc
                 self._warmup()
                 if self.sigterm or self.sigint:
                     continue
                 self.state = "ready"
+                self.server_status = "Up"
                 log("The server is fired up and ready to roll!")
+                if self.faults.hang_after_ready:
+                    self.engine.hung.set()
 
     def _dead_child(self) -> Child | None:
         now = time.monotonic()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
+import os
 from importlib import resources
 from typing import Any
 
@@ -170,85 +170,103 @@ def build_parser(spec: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-# --- --config FILE.yaml (sglang merges a flat YAML mapping into argv; CLI flags win) ---
-def _yaml_scalar(text: str) -> Any:
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    low = text.lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    if low in ("null", "~", ""):
-        return None
-    return text
+# --- --config FILE.yaml: sglang 0.5.9 server_args_config_parser.ConfigArgumentMerger, line by line ---
+CONFIG_FRAMES = [
+    ("/sglang/srt/server_args.py", 5589, "prepare_server_args", "argv = config_merger.merge_config_with_args(argv)"),
+    ("/sglang/srt/server_args_config_parser.py", 68, "merge_config_with_args", "config_data = ..."),
+]
 
 
-def parse_flat_yaml(text: str) -> dict[str, Any]:
-    """Enough YAML for sglang config files: ``key: scalar``, ``key: [a, b]`` and ``key:`` + ``- item``."""
-    result: dict[str, Any] = {}
-    current_list_key: str | None = None
-    for raw in text.splitlines():
-        line = re.sub(r"\s+#.*$", "", raw).rstrip()
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        stripped = line.strip()
-        if stripped.startswith("- ") and current_list_key is not None:
-            result.setdefault(current_list_key, [])
-            result[current_list_key].append(_yaml_scalar(stripped[2:]))
-            continue
-        if ":" not in stripped:
-            raise ValueError(f"cannot parse config line: {raw!r}")
-        key, _, value = stripped.partition(":")
-        key = key.strip()
-        value = value.strip()
-        if value == "":
-            current_list_key = key
-            result[key] = None
-            continue
-        current_list_key = None
-        if value.startswith("[") and value.endswith("]"):
-            inner = value[1:-1].strip()
-            result[key] = [_yaml_scalar(v) for v in inner.split(",")] if inner else []
+def _config_fatal(exc: BaseException) -> SimFatal:
+    module = type(exc).__module__.replace("sglang_sim._vendor.", "")
+    name = type(exc).__name__ if module == "builtins" else f"{module}.{type(exc).__name__}"
+    return SimFatal(f"{name}: {exc}", CONFIG_FRAMES)
+
+
+def parse_config_yaml(path: str) -> dict[str, Any]:
+    """``ConfigArgumentMerger._parse_yaml_config``: suffix check, ``yaml.safe_load`` (PyYAML), a mapping."""
+    from ._vendor import yaml
+
+    suffix = os.path.splitext(path)[1]
+    if suffix.lower() not in (".yaml", ".yml"):
+        raise ValueError(f"Config file must be YAML format, got: {suffix}")
+    if not os.path.exists(path):
+        raise ValueError(f"Config file not found: {path}")
+    try:
+        with open(path) as file:
+            config_data = yaml.safe_load(file)
+    except Exception as e:
+        log_error(f"Failed to read config file {path}: {e}")
+        raise
+    if config_data is None:
+        config_data = {}
+    if not isinstance(config_data, dict):
+        raise ValueError("Config file must contain a dictionary at root level")
+    return config_data
+
+
+def config_to_args(parser: argparse.ArgumentParser, config: dict[str, Any]) -> list[str]:
+    """``ConfigArgumentMerger._convert_config_to_args``: values become argv words with ``str(value)``."""
+    store_true = {a.dest for a in parser._actions if isinstance(a, argparse._StoreTrueAction)}
+    unsupported = {
+        a.dest: a
+        for a in parser._actions
+        if a.option_strings
+        and not isinstance(a, argparse._StoreTrueAction | argparse._StoreAction)
+        and "--config" not in a.option_strings
+        and "--help" not in a.option_strings
+        and "-h" not in a.option_strings
+        and "--version" not in a.option_strings  # the simulator's own addition
+    }
+    args: list[str] = []
+    for key, value in config.items():
+        key_norm = key.replace("-", "_")
+        if key_norm in unsupported:
+            action = unsupported[key_norm]
+            raise ValueError(f"Unsupported config option '{key_norm}' with action '{action.__class__.__name__}'")
+        if isinstance(value, bool):
+            if key_norm in store_true:
+                if value:
+                    args.append(f"--{key}")
+            else:
+                args.extend([f"--{key}", str(value).lower()])
+        elif isinstance(value, list):
+            if value:
+                args.append(f"--{key}")
+                args.extend(str(item) for item in value)
         else:
-            result[key] = _yaml_scalar(value)
-    return result
+            args.extend([f"--{key}", str(value)])
+    return args
 
 
-def merge_config(argv: list[str]) -> list[str]:
+def merge_config(argv: list[str], parser: argparse.ArgumentParser | None = None) -> list[str]:
+    """``ConfigArgumentMerger.merge_config_with_args``: config words first, then the command line."""
     if "--config" not in argv:
         return argv
-    idx = argv.index("--config")
-    if idx + 1 >= len(argv):
-        return argv  # argparse reports the missing value
-    path = argv[idx + 1]
+    parser = parser or build_parser()
     try:
-        with open(path, encoding="utf-8") as f:
-            cfg = parse_flat_yaml(f.read())
-    except OSError as e:
-        raise SimFatal(f"FileNotFoundError: Config file not found: {path} ({e.strerror})") from e
-    except ValueError as e:
-        raise SimFatal(f"ValueError: Invalid config file {path}: {e}") from e
-    cfg_args: list[str] = []
-    for key, value in cfg.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            cfg_args.append(flag)
-        elif value is False or value is None:
-            continue
-        elif isinstance(value, list):
-            cfg_args.append(flag)
-            cfg_args.extend(str(v) for v in value)
-        else:
-            cfg_args.extend([flag, str(value)])
-    rest = argv[:idx] + argv[idx + 2 :]
-    return cfg_args + rest
+        indices = [i for i, a in enumerate(argv) if a == "--config"]
+        if len(indices) > 1:
+            raise ValueError("Multiple config files specified! Only one allowed.")
+        idx = indices[0]
+        if idx == len(argv) - 1:
+            raise ValueError("No config file specified after --config flag!")
+        cfg = parse_config_yaml(argv[idx + 1])
+        cfg_args = config_to_args(parser, cfg)
+    except Exception as e:  # sglang lets it propagate: a traceback and exit 1
+        raise _config_fatal(e) from e
+    return cfg_args + argv[:idx] + argv[idx + 2 :]
+
+
+def log_error(msg: str) -> None:
+    from .log import log
+
+    log(msg)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
-    argv = merge_config(list(argv))
+    argv = merge_config(list(argv), parser)
     args = parser.parse_args(argv)
     if not args.model_path:
         parser.error("the following arguments are required: --model-path/--model")

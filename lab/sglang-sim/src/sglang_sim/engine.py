@@ -102,8 +102,14 @@ class Engine:
         ttft_buckets: list[float] | None = None,
         e2e_buckets: list[float] | None = None,
         cuda_graph: bool = True,
+        nan_detection: bool = False,
     ):
         self.model_name = model_name
+        self.nan_detection = nan_detection
+        # time.time() of the last output the "detokenizer" handed back (TokenizerManager.last_receive_tstamp)
+        self.last_receive_tstamp = 0.0
+        # set when the scheduler hangs (fault hang-after-ready): no request gets another token
+        self.hung = threading.Event()
         self.faults = faults
         self.max_running = max_running_requests if max_running_requests and max_running_requests > 0 else None
         self.kv_tokens = max(1, kv_tokens)
@@ -170,8 +176,14 @@ class Engine:
         on_piece: Callable[[str, int], None] | None = None,
         rid: str | None = None,
         prompt_tokens: int | None = None,
+        think: bool = False,
+        log_metrics: bool = True,
     ) -> Result:
-        """Run one request: ``prompt`` picks the answer; ``prompt_tokens`` overrides the token estimate."""
+        """Run one request: ``prompt`` picks the answer; ``prompt_tokens`` overrides the token estimate.
+
+        ``think``: the model thinks first (a chat request to the simulated thinking model).
+        ``log_metrics=False``: not counted in the metrics (the health check's request, as in 0.5.9).
+        """
         rid = rid or self.new_rid()
         t_start = time.monotonic()
         if prompt_tokens is None:
@@ -182,6 +194,7 @@ class Engine:
             ignore_eos=ignore_eos,
             wrong=self.faults.wrong_answer,
             nan=self.faults.nan_output,
+            think=think,
         )
         with self.cond:
             self.queued += 1
@@ -199,8 +212,8 @@ class Engine:
                 self.running.pop(rid, None)
                 self.cond.notify_all()
         e2e = time.monotonic() - t_start
-        if self.faults.nan_output:
-            log(NAN_LOG, "TP0")
+        if not log_metrics:
+            return Result(rid, "".join(pieces), pieces, finish, prompt_tokens, len(pieces), ttft, e2e)
         with self.cond:
             self.prompt_tokens_total += prompt_tokens
             self.requests_total += 1
@@ -228,9 +241,16 @@ class Engine:
             wait = min(deadline, cap_at) - now
             if wait > 0.0005:
                 time.sleep(wait)
+            while self.hung.is_set():  # a stuck scheduler: nothing comes back, ever
+                time.sleep(3600)
+            if self.faults.nan_output and self.nan_detection:
+                # layers/sampler.py Sampler._preprocess_logits: one warning per decode step, only with
+                # --enable-nan-detection (then the NaN logits become -1e5: still token 0, still "!")
+                log(NAN_LOG, "TP0")
             if i == 0:
                 ttft = time.monotonic() - t_start
             with self.cond:
+                self.last_receive_tstamp = time.time()
                 state.generated += 1
                 self.generation_tokens_total += 1
                 self._note_tokens(1)
@@ -238,6 +258,8 @@ class Engine:
                 on_piece(piece, i)
         if not pieces:
             ttft = time.monotonic() - t_start
+            with self.cond:
+                self.last_receive_tstamp = time.time()
         return ttft
 
     # --- Prometheus text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import socket
 import time
 import traceback
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from . import SERVER_VERSION, SIM_HEADER, SIM_HEADER_VALUE
 from .engine import ClientGone, Result
 from .log import log
+from .textgen import StreamingReasoningParser, parse_reasoning
 
 if TYPE_CHECKING:
     from .app import App
@@ -24,6 +26,28 @@ EOS_TOKEN_ID = 151329  # reported as "matched" stop token
 
 class BadRequest(Exception):
     pass
+
+
+def model_thinks(body: dict) -> bool:
+    """The simulated model is a thinking model (like GLM-5): a chat answer starts with ``<think>...</think>``
+    unless the request turns thinking off in its chat template (``chat_template_kwargs``: ``enable_thinking``
+    or ``thinking`` false, as GLM/Qwen templates then pre-fill an empty think block)."""
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        return True
+    return kwargs.get("enable_thinking") is not False and kwargs.get("thinking") is not False
+
+
+def reasoning_from_request(parser: str, body: dict) -> bool:
+    """sglang 0.5.9 ``OpenAIServingChat._get_reasoning_from_request`` (the parser's force_reasoning)."""
+    kwargs = body.get("chat_template_kwargs")
+    if parser == "deepseek-v3":
+        return kwargs is not None and kwargs.get("thinking") is True
+    if parser == "kimi_k2":
+        return not kwargs or kwargs.get("thinking") is not False
+    if parser in ("qwen3", "glm45", "nano_v3", "interns1"):
+        return not kwargs or kwargs.get("enable_thinking") is not False
+    return True
 
 
 class SimHTTPServer(ThreadingHTTPServer):
@@ -115,10 +139,26 @@ class Handler(BaseHTTPRequestHandler):
         return body
 
     def authorized(self) -> bool:
+        """sglang 0.5.9 ``utils/auth.py`` ``decide_request_auth`` (NORMAL level, api_key set).
+
+        /health* and /metrics* need no key; the header is split once on a space, the scheme compared
+        case-insensitively and the key with ``secrets.compare_digest``, which raises TypeError for
+        non-ASCII text (the ASGI app then answers 500). Header values arrive latin-1 decoded with the
+        surrounding whitespace stripped, as h11/starlette hand them over.
+        """
         key = self.app.args.api_key
-        if not key or self.path.startswith("/health"):
+        path = self.path.split("?", 1)[0]
+        if not key or self.command == "OPTIONS" or path.startswith("/health") or path.startswith("/metrics"):
             return True
-        return self.headers.get("Authorization", "") == f"Bearer {key}"
+        header = self.headers.get("Authorization")
+        if header is not None:
+            header = header.strip(" \t")
+        if not header:
+            return False
+        parts = header.split(" ", 1)
+        if len(parts) != 2 or parts[0].lower() != "bearer":
+            return False
+        return secrets.compare_digest(parts[1], key)
 
     # ---------------------------------------------------------------- dispatch
     GET_ROUTES = {
@@ -139,7 +179,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self) -> None:
         path = self.path.split("?", 1)[0]
-        if not self.authorized():
+        try:
+            allowed = self.authorized()
+        except TypeError:  # compare_digest and a non-ASCII key, as in 0.5.9's middleware: uvicorn answers 500
+            log(f"ERROR:    Exception in ASGI application\n{traceback.format_exc()}")
+            if self.command == "POST":
+                self.read_body()
+            self.close_connection = True
+            self._send(500, b"Internal Server Error", "text/plain; charset=utf-8")
+            return
+        if not allowed:
             if self.command == "POST":
                 self.read_body()
             self.send_json(401, {"error": "Unauthorized"})
@@ -178,7 +227,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # ---------------------------------------------------------------- GET handlers
     def h_health(self) -> None:
-        self._send(200 if self.app.healthy() else 503, b"")
+        self._send(self.app.health_check(self.path.split("?", 1)[0]), b"")
 
     def h_models(self) -> None:
         name = self.app.args.served_model_name
@@ -303,6 +352,7 @@ class Handler(BaseHTTPRequestHandler):
         on_piece=None,
         prompt_tokens: int | None = None,
         rid: str | None = None,
+        think: bool = False,
     ) -> Result:
         rid = rid or self.app.engine.new_rid()
         self.app.request_begin(rid)
@@ -314,6 +364,7 @@ class Handler(BaseHTTPRequestHandler):
                 on_piece=on_piece,
                 rid=rid,
                 prompt_tokens=prompt_tokens,
+                think=think,
             )
         finally:
             self.app.request_end(rid)
@@ -546,8 +597,13 @@ class Handler(BaseHTTPRequestHandler):
         ignore_eos = bool(body.get("ignore_eos", False))
         model = body.get("model") or self.app.args.served_model_name
         created = int(time.time())
+        think = model_thinks(body)
+        parser = self.app.args.reasoning_parser
+        separate = parser is not None and body.get("separate_reasoning", True) is not False
+        force_reasoning = separate and reasoning_from_request(parser, body)
         if not body.get("stream"):
-            r = self._run(answer_prompt, max_tokens, ignore_eos, prompt_tokens=prompt_tokens)
+            r = self._run(answer_prompt, max_tokens, ignore_eos, prompt_tokens=prompt_tokens, think=think)
+            reasoning, text = parse_reasoning(r.text, force_reasoning) if separate else ("", r.text)
             self.send_json(
                 200,
                 {
@@ -560,8 +616,8 @@ class Handler(BaseHTTPRequestHandler):
                             "index": 0,
                             "message": {
                                 "role": "assistant",
-                                "content": r.text,
-                                "reasoning_content": None,
+                                "content": text if text else None,
+                                "reasoning_content": reasoning if reasoning else None,
                                 "tool_calls": None,
                             },
                             "logprobs": None,
@@ -588,13 +644,26 @@ class Handler(BaseHTTPRequestHandler):
             }
 
         self._sse(chunk({"role": "assistant", "content": ""}))
+        stream_parser = StreamingReasoningParser(force_reasoning) if separate else None
+
+        def on_piece(piece: str, i: int) -> None:
+            if stream_parser is None:
+                self._sse(chunk({"content": piece}))
+                return
+            reasoning, text = stream_parser.feed(piece)
+            if reasoning:
+                self._sse(chunk({"reasoning_content": reasoning}))
+            if text:
+                self._sse(chunk({"content": text}))
+
         r = self._run(
             answer_prompt,
             max_tokens,
             ignore_eos,
-            on_piece=lambda piece, i: self._sse(chunk({"content": piece})),
+            on_piece=on_piece,
             prompt_tokens=prompt_tokens,
             rid=rid,
+            think=think,
         )
         self._sse(chunk({}, r.finish_reason, matched_stop=self._matched(r)))
         if self._include_usage(body):

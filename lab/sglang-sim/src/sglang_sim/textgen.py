@@ -169,11 +169,29 @@ def answer(prompt: str, *, wrong: bool = False) -> str:
     return hashed_answer(prompt)
 
 
+THINK_START = "<think>"
+THINK_END = "</think>"
+# A broken kernel (NaN/inf logits) makes greedy sampling pick token id 0 at every step, which is "!" in the
+# GLM/Qwen byte-level BPE vocabularies: the answer is a long run of "!" that never reaches EOS.
+NAN_TOKEN = "!"
+# Length of an answer without max_tokens when the NaN fault never stops (real: until the context is full).
+NAN_DEFAULT_TOKENS = 128
+
+
 def nan_pieces(count: int) -> list[str]:
-    pieces = ["!!!!!!", "NaN"]
-    while len(pieces) < count:
-        pieces.append(" NaN")
-    return pieces[:count]
+    return [NAN_TOKEN] * max(0, count)
+
+
+def thinking_text(prompt: str, answer_text: str) -> str:
+    """What the simulated thinking model writes between <think> and </think>: deterministic, 80-130 tokens, so
+    a budget of 64 tokens (a typical smoke check's) always ends inside the thinking, as it does with GLM-5."""
+    digest = hashlib.sha256(("think:" + prompt).encode("utf-8", "replace")).hexdigest()
+    words = TOKEN_RE.findall(prompt)
+    topic = "".join(words[:12]).strip().rstrip(".?!")
+    n = 4 + int(digest[0], 16) % 4
+    notes = " ".join(_sentence(f"{digest}:think:{i}".encode()) for i in range(n))
+    first = re.split(r"(?<=[.!?])\s", answer_text.strip().splitlines()[0], maxsplit=1)[0]
+    return f"The user asks: {topic}. Let me think about it. {notes} So the answer starts with: {first}"
 
 
 def plan_output(
@@ -183,15 +201,20 @@ def plan_output(
     ignore_eos: bool = False,
     wrong: bool = False,
     nan: bool = False,
+    think: bool = False,
 ) -> tuple[list[str], str]:
-    """Pieces to emit and the finish reason ("stop" or "length")."""
+    """Pieces to emit and the finish reason ("stop" or "length").
+
+    ``think``: a thinking model answering a chat request: ``<think>``, the thinking, ``</think>``, then the
+    answer, all counted against ``max_tokens`` (a small budget can end inside the thinking).
+    """
     if nan:
-        n = max_tokens if max_tokens is not None else 16
-        if not ignore_eos:
-            n = min(n, 16)
-        pieces = nan_pieces(max(n, 0))
-        return pieces, "length" if max_tokens is not None and len(pieces) >= max_tokens else "stop"
-    pieces = tokenize(answer(prompt, wrong=wrong))
+        n = max_tokens if max_tokens is not None else NAN_DEFAULT_TOKENS
+        return nan_pieces(n), "length"
+    text = answer(prompt, wrong=wrong)
+    pieces = tokenize(text)
+    if think:
+        pieces = [THINK_START, *tokenize(thinking_text(prompt, text)), THINK_END, *tokenize("\n\n" + text)]
     if ignore_eos and max_tokens is not None and len(pieces) < max_tokens:
         pieces += filler_pieces(prompt, 0, max_tokens - len(pieces))
     if max_tokens is not None and len(pieces) >= max_tokens:
@@ -199,3 +222,45 @@ def plan_output(
         pieces = pieces[:max_tokens]
         return pieces, "length" if (truncated or ignore_eos) else "stop"
     return pieces, "stop"
+
+
+def parse_reasoning(text: str, force_reasoning: bool) -> tuple[str, str]:
+    """sglang 0.5.9 ``BaseReasoningFormatDetector.detect_and_parse`` (``<think>``/``</think>``, the
+    Qwen3Detector that ``glm45``, ``qwen3``, ``kimi_k2``, ... use): ``(reasoning_text, normal_text)``."""
+    in_reasoning = force_reasoning or THINK_START in text
+    if not in_reasoning:
+        return "", text
+    processed = text.replace(THINK_START, "").strip()
+    if THINK_END not in processed:
+        return processed, ""  # truncated before </think>: everything is reasoning
+    reasoning, normal = processed.split(THINK_END, 1)
+    return reasoning, normal.strip()
+
+
+class StreamingReasoningParser:
+    """sglang 0.5.9 ``BaseReasoningFormatDetector.parse_streaming_increment`` with stream_reasoning=True."""
+
+    def __init__(self, force_reasoning: bool):
+        self.in_reasoning = force_reasoning
+        self.buffer = ""
+        self.stripped_think_start = False
+
+    def feed(self, new_text: str) -> tuple[str, str]:
+        """``(reasoning_text, normal_text)`` to send for this increment."""
+        self.buffer += new_text
+        current = self.buffer
+        if any(t.startswith(current) and t != current for t in (THINK_START, THINK_END)):
+            return "", ""
+        if not self.stripped_think_start and THINK_START in current:
+            current = current.replace(THINK_START, "")
+            self.stripped_think_start = True
+            self.in_reasoning = True
+        if self.in_reasoning and THINK_END in current:
+            end = current.find(THINK_END)
+            self.buffer = ""
+            self.in_reasoning = False
+            return current[:end].rstrip(), current[end + len(THINK_END) :]
+        self.buffer = ""
+        if self.in_reasoning:
+            return current, ""
+        return "", current

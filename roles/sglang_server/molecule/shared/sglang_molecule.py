@@ -15,7 +15,12 @@ EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
 REPORTS = EPHEMERAL / "reports"
 UNIT = "sglang-server.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
-LAB_ENV = {"SGLANG_SIM_LOAD_SECONDS": "1", "SGLANG_SIM_GRAPH_SECONDS": "1", "SGLANG_SIM_ACCESS_LOG": "0"}
+LAB_ENV = {
+    "SGLANG_SIM_LOAD_SECONDS": "1",
+    "SGLANG_SIM_GRAPH_SECONDS": "1",
+    "SGLANG_SIM_ACCESS_LOG": "0",
+    "SGLANG_SIM_WARMUP_TRIES": "3",
+}
 # The seed's NCCL environment and flags (seed-story.md); the lab serves a local model dir.
 SEED_NCCL = {
     "NCCL_IB_DISABLE": "1",
@@ -72,7 +77,8 @@ def exec_start_argv(host) -> list[str]:
 
 
 def ask(host, prompt: str, api_key: str | None = None, port: int = 8000) -> str:
-    body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content": prompt}], "max_tokens": 64})
+    # the lab's engine thinks first (reasoning-parser glm45): room for the thinking and the answer
+    body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content": prompt}], "max_tokens": 1024})
     auth = f"-H 'Authorization: Bearer {api_key}' " if api_key else ""
     out = host.check_output(
         f"curl -sf --max-time 30 {auth}-H 'Content-Type: application/json' "
