@@ -14,6 +14,7 @@ KNOWN = (
     "slow-start=SECONDS",
     "leak-gpu-memory",
     "port-taken",
+    "orphan-children",
 )
 
 
@@ -31,6 +32,7 @@ class Faults:
     slow_start: float = 0.0
     leak_gpu_memory: bool = False
     port_taken: bool = False
+    orphan_children: bool = False
 
     def names(self) -> list[str]:
         out = []
