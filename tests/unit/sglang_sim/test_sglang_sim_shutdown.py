@@ -77,6 +77,8 @@ def test_sigterm_drains_then_kills_the_tree_by_sigkill(make_sim):
     assert len(kids) == 3 and len(s.registry()) == 2
     stream = Stream(s, 60)
     stream.wait_tokens(3)
+    loads = s.get("/v1/loads").json()  # what the role reads right before its stop
+    assert loads["aggregate"]["total_reqs"] == 1 and loads["loads"][0]["num_running_reqs"] == 1
     t0 = time.monotonic()
     s.signal(signal.SIGTERM)  # to the main process only (KillMode=mixed)
     s.wait_log("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
