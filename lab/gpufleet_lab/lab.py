@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet_lab import network
+from gpufleet_lab import cgroups, network
 from gpufleet_lab.base import DEFAULT_MIRROR, ensure_base
 from gpufleet_lab.equipment import install_equipment
 from gpufleet_lab.sysutil import (
@@ -95,23 +95,28 @@ class Lab:
     # ----- up ------------------------------------------------------------------------------------
     def up(self, spec: LabSpec) -> dict:
         """Make the lab match spec; returns a summary with what changed."""
-        state = self.load()
-        subnet = ipaddress.ip_network(spec.subnet or state.get("subnet") or self._pick_subnet())
-        if state.get("subnet") and str(subnet) != state["subnet"]:
-            raise LabError(
-                f"lab {self.name!r} already runs on {state['subnet']}; run 'down' first to move it to {subnet}"
-            )
-        if subnet.prefixlen > 28 or subnet.num_addresses - 3 < spec.hosts:
-            raise LabError(f"subnet {subnet} has too few addresses for {spec.hosts} hosts")
-        network.check_subnet_free(subnet, self.bridge)
-        state.update(name=self.name, subnet=str(subnet), bridge=self.bridge, mirror=spec.mirror)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.save(state)
         base = ensure_base(CACHE_DIR, spec.mirror, log=self.log)
+        state = self.load()
+        with network.network_lock():
+            # Under the lock: another lab's `up` must see this subnet routed before it picks one.
+            subnet = ipaddress.ip_network(spec.subnet or state.get("subnet") or self._pick_subnet())
+            if state.get("subnet") and str(subnet) != state["subnet"]:
+                raise LabError(
+                    f"lab {self.name!r} already runs on {state['subnet']}; run 'down' first to move it to {subnet}"
+                )
+            if subnet.prefixlen > 28 or subnet.num_addresses - 3 < spec.hosts:
+                raise LabError(f"subnet {subnet} has too few addresses for {spec.hosts} hosts")
+            network.check_subnet_free(subnet, self.bridge)
+            state.update(name=self.name, subnet=str(subnet), bridge=self.bridge, mirror=spec.mirror)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.save(state)
+            gateway = str(next(subnet.hosts()))
+            bridge_changed = network.ensure_bridge(self.bridge, f"{gateway}/{subnet.prefixlen}")
+            nat_changed = network.ensure_nat(str(subnet), self.bridge, self.nat_comment)
+            # <hierarchy>/gpufleet-lab/<lab>: under the lock, as another lab's `down` removes an empty
+            # <hierarchy>/gpufleet-lab under it.
+            cgroups.create(cgroups.lab_dirs(self.name))
         self._ensure_key()
-        gateway = str(next(subnet.hosts()))
-        bridge_changed = network.ensure_bridge(self.bridge, f"{gateway}/{subnet.prefixlen}")
-        nat_changed = network.ensure_nat(str(subnet), self.bridge, self.nat_comment)
 
         wanted = self.host_names(spec.hosts, spec.host_names)
         addresses = list(subnet.hosts())[1 : spec.hosts + 1]
@@ -227,6 +232,12 @@ class Lab:
         (root / "etc/ssh/sshd_config.d/gpufleet-lab.conf").write_text("HostKey /etc/ssh/ssh_host_ed25519_key\n")
         install_equipment(root, profile)
         network.create_host_link(record["netns"], record["veth"], self.bridge, f"{address}/{subnet.prefixlen}", gateway)
+        # The host's own cgroup subtree (see cgroups.py): nspawn starts inside it, so the container's
+        # systemd gets a cgroup tree that holds this host's processes only and can kill a unit's cgroup.
+        cgroup_dirs = cgroups.host_dirs(self.name, name)
+        record["cgroups"] = [str(d) for d in cgroup_dirs]
+        cgroups.remove(cgroup_dirs)  # a leftover of a killed run of this host
+        cgroups.create(cgroup_dirs)
         log = open(hdir / "nspawn.log", "ab")  # noqa: SIM115 - handed to the long-lived child
         proc = subprocess.Popen(
             [
@@ -249,6 +260,7 @@ class Lab:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=lambda: cgroups.enter(cgroup_dirs),  # the lab tool runs no threads
         )
         log.close()
         record["nspawn_pid"] = proc.pid
@@ -331,6 +343,11 @@ class Lab:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)
             time.sleep(0.1)
+        # Whatever is left in the host's cgroup subtree (recorded, or named after lab and host for a
+        # record written before there was one), then the subtree itself.
+        if record.get("name"):
+            dirs = {Path(d) for d in record.get("cgroups", [])} | set(cgroups.host_dirs(self.name, record["name"]))
+            cgroups.remove(sorted(dirs))
         for point in mounted_under(Path(record["dir"])):
             if run(["umount", point], check=False).returncode != 0:
                 run(["umount", "-l", point])
@@ -349,11 +366,14 @@ class Lab:
         for netns in network.list_netns():
             if netns.startswith(f"{self.name}-") and netns[len(self.name) + 1 :].isdigit():
                 self._destroy_host({"netns": netns, "veth": "", "dir": str(self.dir / "hosts" / netns)})
-        network.delete_nat(self.nat_comment)
-        network.delete_link(self.bridge)
-        shutil.rmtree(self.dir, ignore_errors=True)
-        if not any(STATE_ROOT.glob("*/state.json")):
-            network.restore_ip_forward()
+        cgroups.remove(cgroups.lab_dirs(self.name))
+        with network.network_lock():
+            cgroups.remove_empty_parents(self.name)
+            network.delete_nat(self.nat_comment)
+            network.delete_link(self.bridge)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            if not any(STATE_ROOT.glob("*/state.json")):
+                network.restore_ip_forward()
         return {"lab": self.name, "removed": removed, "changed": bool(removed)}
 
     def gateway(self) -> str:

@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import ipaddress
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from gpufleet_lab.sysutil import LabError, run
 
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 IP_FORWARD_SAVED = Path(os.environ.get("GPUFLEET_LAB_STATE", "/var/lib/gpufleet-lab")) / "ip_forward.before"
+NETWORK_LOCK = IP_FORWARD_SAVED.with_name("network.lock")
+
+
+@contextlib.contextmanager
+def network_lock() -> Iterator[None]:
+    """Hold the machine-wide lab network lock (an flock on /var/lib/gpufleet-lab/network.lock).
+
+    Labs come up in parallel (one per Molecule scenario): picking a free subnet and putting its gateway
+    on the new bridge must be one step, or two labs can pick the same /24 before either bridge routes it.
+    The lock also covers the saved ip_forward setting that the first lab writes and the last one restores.
+    The kernel drops an flock when its holder dies, so a killed `up` never leaves it held.
+    """
+    NETWORK_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(NETWORK_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _routes() -> list[dict]:

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import LAB_ENV, ROOT, lab, lab_json
+from conftest import LAB_ENV, NOT_ROOT, ROOT, cgroup_mounts, lab, lab_json
 
 STATE_ROOT = Path("/var/lib/gpufleet-lab")
 NAME = "t-life"
@@ -41,6 +41,7 @@ def leftovers(name: str, state: dict) -> list[str]:
         found += [f"iptables {table}: {r}" for r in rules.splitlines() if f"gpufleet-lab:{name}" in r]
     if (STATE_ROOT / name).exists():
         found.append(f"state dir {STATE_ROOT / name}")
+    found += [f"cgroup {m}/gpufleet-lab/{name}" for m in cgroup_mounts() if (m / "gpufleet-lab" / name).exists()]
     return found
 
 
@@ -163,3 +164,23 @@ def test_refuses_non_root_with_a_clear_message():
     )
     assert proc.returncode == 1
     assert "the lab needs root" in proc.stderr
+
+
+def test_lab_tests_refuse_to_run_without_root_instead_of_skipping():
+    """Without root the lab suite fails with the reason: a skipped suite would read as green in CI."""
+    proc = subprocess.run(
+        [
+            "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+            # The venv's interpreter lives under /root (mode 0700): the system Python 3.11 with its packages.
+            "/usr/bin/env", "PYTHONDONTWRITEBYTECODE=1",
+            f"PYTHONPATH={ROOT / '.venv/lib/python3.11/site-packages'}:{ROOT / 'lab'}",
+            "/usr/bin/python3", "-m", "pytest", "-p", "no:cacheprovider",
+            "tests/lab/test_lab_lifecycle.py::test_refuses_non_root_with_a_clear_message",
+        ],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    summary = out.strip().splitlines()[-1]
+    assert NOT_ROOT in " ".join(out.split()), out
+    assert " 1 error in " in summary and "skipped" not in summary, out
