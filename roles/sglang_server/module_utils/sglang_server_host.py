@@ -423,8 +423,8 @@ def drain_account(in_flight_at_stop, entries, stop_state, was_active=True):
     systemd killed it (Result=timeout: "State 'stop-sigterm' timed out. Killing.") or when it ended without
     finishing the drain; every request in flight when the engine ended without draining at all (SIGTERM
     before its drain handler existed, SGL_FORCE_SHUTDOWN, a failed health check)."""
-    remaining = [int(m.group(1)) for _, msg in entries for m in [DRAIN_RX.search(msg)] if m]
-    forced = any(FORCED_RX.search(msg) for _, msg in entries)
+    remaining = [int(m.group(1)) for _, msg in entries for m in [DRAIN_RX.search(msg or "")] if m]
+    forced = any(FORCED_RX.search(msg or "") for _, msg in entries)
     result = stop_state.get("result", "")
     account = {
         "in_flight_at_stop": in_flight_at_stop,
