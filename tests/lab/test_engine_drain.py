@@ -107,8 +107,13 @@ HOST = f"{NAME}-01"
 
 
 @pytest.fixture(scope="module")
-def host():
-    result = lab_json("--name", NAME, "up", "--hosts", "1", "--profile", "h200x2-vm")
+def inventory(tmp_path_factory):
+    return tmp_path_factory.mktemp("inv") / "hosts.yml"
+
+
+@pytest.fixture(scope="module")
+def host(inventory):
+    result = lab_json("--name", NAME, "up", "--hosts", "1", "--profile", "h200x2-vm", "--inventory", str(inventory))
     address = result["hosts"][0]["address"]
     tar = io.BytesIO()
     with tarfile.open(fileobj=tar, mode="w") as tf:
@@ -192,6 +197,11 @@ class Stream:
             self.error = f"{type(exc).__name__}: {exc}"
 
 
+def install_unit(text: str) -> None:
+    sh(f"cat > /etc/systemd/system/{UNIT} && systemctl daemon-reload && systemctl reset-failed {UNIT} || true",
+       text.encode())  # fmt: skip
+
+
 def unit_props() -> dict[str, str]:
     _, out = sh(f"systemctl show {UNIT} -p ActiveState -p SubState -p Result -p ExecMainCode -p ExecMainStatus "
                 "-p InvocationID -p MainPID")  # fmt: skip
@@ -206,8 +216,7 @@ def test_stop_during_a_streaming_request(host, unit_kind, drains):
     role_unit = render_role_unit()
     assert "KillMode=mixed" in role_unit and "SuccessExitStatus=137 143" in role_unit
     text = role_unit if drains else old_unit(role_unit)
-    sh(f"cat > /etc/systemd/system/{UNIT} && systemctl daemon-reload && systemctl reset-failed {UNIT} || true",
-       text.encode())  # fmt: skip
+    install_unit(text)
     sh(f"systemctl enable {UNIT} && systemctl start {UNIT}")  # enabled, as the role leaves it
     wait_healthy(host)
     invocation = unit_props()["InvocationID"]
@@ -260,3 +269,39 @@ def test_stop_during_a_streaming_request(host, unit_kind, drains):
     again.thread.join(timeout=30)
     assert (again.tokens, again.done) == (5, True), again.error
     sh(f"systemctl stop {UNIT}")
+
+
+def test_the_roles_stop_reports_the_request_in_flight_and_none_cut(host, inventory, tmp_path):
+    """sglang_server_swap (the role's stop) on the lab host while a 240-token stream runs."""
+    install_unit(render_role_unit())
+    sh(f"systemctl enable {UNIT} && systemctl start {UNIT}")
+    wait_healthy(host)
+    stream = Stream(host, TOKENS)
+    deadline = time.monotonic() + 15
+    while stream.tokens < 10 and time.monotonic() < deadline and stream.error is None:
+        time.sleep(0.05)
+    args = {"unit": UNIT, "action": "stop", "gpus": [0, 1], "timeout": 30, "base_url": "http://127.0.0.1:8000",
+            "secrets_file": "/etc/sglang-server/secrets.env"}  # fmt: skip
+    env = dict(
+        LAB_ENV,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_LIBRARY=str(ROOT / "roles/sglang_server/library"),
+        ANSIBLE_MODULE_UTILS=str(ROOT / "roles/sglang_server/module_utils"),
+        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+        ANSIBLE_STDOUT_CALLBACK="json",
+        ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"),
+    )
+    cmd = [str(ROOT / ".venv/bin/ansible"), "-i", str(inventory), HOST, "-m", "sglang_server_swap"]
+    proc = subprocess.run(
+        [*cmd, "-a", json.dumps(args)],
+        capture_output=True, text=True, cwd=ROOT, env=env, check=False, timeout=STOP_TIMEOUT_S + 120,
+    )  # fmt: skip
+    stream.thread.join(timeout=30)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    result = json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"][HOST]
+    drain = result["drain"]
+    assert (stream.tokens, stream.finish_reason, stream.done) == (TOKENS, "length", True), stream.error
+    assert drain["in_flight_at_stop"] == 1 and drain["load"]["source"] == "/v1/loads", drain
+    assert drain["drain_remaining"][0] == 1 and drain["drain_remaining"][-1] == 0, drain
+    assert (drain["cut"], drain["stop_result"], drain["exit"]["status"]) == (0, "success", "137"), drain
+    assert result["released"] is True, result
