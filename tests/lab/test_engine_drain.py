@@ -41,7 +41,7 @@ STOP_TIMEOUT_S = 20
 TOKENS = 240
 
 
-def render_role_unit() -> str:
+def render_role_unit(timeout_stop_s: int = STOP_TIMEOUT_S) -> str:
     """The role's template with the role's filters (Ansible's template settings: trim_blocks)."""
     env = jinja2.Environment(trim_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     env.filters.update(role_filters.FilterModule().filters())
@@ -62,7 +62,8 @@ def render_role_unit() -> str:
             "PYTHONPATH": "/opt/sglang-sim",
             "SGLANG_SIM_LOAD_SECONDS": "1",
             "SGLANG_SIM_GRAPH_SECONDS": "1",
-            "SGLANG_SIM_TOKENS_PER_S": "60",  # 240 tokens: 4 s
+            # 240 tokens in 8 s: longer than the 5 s watchdog period, so the drain logs the open request
+            "SGLANG_SIM_TOKENS_PER_S": "30",
         },
         sglang_server_api_key=KEY,
         sglang_server_hf_token="",
@@ -73,7 +74,7 @@ def render_role_unit() -> str:
         sglang_server_module="sglang_sim.launch_server",
         sglang_server_argv=argv,
         sglang_server_timeout_start_s=120,
-        sglang_server_timeout_stop_s=STOP_TIMEOUT_S,
+        sglang_server_timeout_stop_s=timeout_stop_s,
         sglang_server_restart_policy="on-failure",
         sglang_server_restart_sec=30,
         sglang_server_user_home="/var/lib/sglang",
@@ -165,7 +166,7 @@ class Stream:
         self.error = None
         body = {"model": "glm-5", "prompt": "Tell a long story.", "max_tokens": max_tokens, "ignore_eos": True,
                 "stream": True}  # fmt: skip
-        self.conn = http.client.HTTPConnection(address, 8000, timeout=STOP_TIMEOUT_S + 30)
+        self.conn = http.client.HTTPConnection(address, 8000, timeout=120)
         self.conn.request("POST", "/v1/completions", json.dumps(body),
                           {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})  # fmt: skip
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -273,10 +274,11 @@ def test_stop_during_a_streaming_request(host, unit_kind, drains):
 
 def test_the_roles_stop_reports_the_request_in_flight_and_none_cut(host, inventory, tmp_path):
     """sglang_server_swap (the role's stop) on the lab host while a 240-token stream runs."""
-    install_unit(render_role_unit())
+    install_unit(render_role_unit(timeout_stop_s=90))
     sh(f"systemctl enable {UNIT} && systemctl start {UNIT}")
     wait_healthy(host)
-    stream = Stream(host, TOKENS)
+    # 900 tokens, 30 s: ansible's own start-up (ssh, several seconds on a busy machine) comes before the stop
+    stream = Stream(host, 900)
     deadline = time.monotonic() + 15
     while stream.tokens < 10 and time.monotonic() < deadline and stream.error is None:
         time.sleep(0.05)
@@ -294,13 +296,14 @@ def test_the_roles_stop_reports_the_request_in_flight_and_none_cut(host, invento
     cmd = [str(ROOT / ".venv/bin/ansible"), "-i", str(inventory), HOST, "-m", "sglang_server_swap"]
     proc = subprocess.run(
         [*cmd, "-a", json.dumps(args)],
-        capture_output=True, text=True, cwd=ROOT, env=env, check=False, timeout=STOP_TIMEOUT_S + 120,
+        capture_output=True, text=True, cwd=ROOT, env=env, check=False, timeout=240,
     )  # fmt: skip
-    stream.thread.join(timeout=30)
+    stream.thread.join(timeout=60)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    result = json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"][HOST]
+    doc = proc.stdout[proc.stdout.index("\n{") + 1 : proc.stdout.rindex("\n}") + 2]  # profile_tasks lines around it
+    result = json.loads(doc)["plays"][0]["tasks"][0]["hosts"][HOST]
     drain = result["drain"]
-    assert (stream.tokens, stream.finish_reason, stream.done) == (TOKENS, "length", True), stream.error
+    assert (stream.tokens, stream.finish_reason, stream.done) == (900, "length", True), stream.error
     assert drain["in_flight_at_stop"] == 1 and drain["load"]["source"] == "/v1/loads", drain
     assert drain["drain_remaining"][0] == 1 and drain["drain_remaining"][-1] == 0, drain
     assert (drain["cut"], drain["stop_result"], drain["exit"]["status"]) == (0, "success", "137"), drain
