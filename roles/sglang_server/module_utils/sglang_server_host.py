@@ -434,7 +434,7 @@ def drain_account(in_flight_at_stop, entries, stop_state, was_active=True):
         "cut": None,
     }
     if not was_active:
-        account.update(cut=0, how="the server was not running")
+        account.update(in_flight_at_stop=0, cut=0, how="the server was not running")
     elif result == "timeout":
         cut = remaining[-1] if remaining else in_flight_at_stop
         account.update(cut=cut, how="TimeoutStopSec ran out: systemd killed the server (stop-sigterm timed out)")

@@ -60,7 +60,8 @@ def test_a_forced_exit_cuts_everything_in_flight():
 def test_unknown_in_flight_stays_unknown():
     assert h.drain_account(None, [], {"result": "success"})["cut"] is None
     assert h.drain_account(None, journal(0), DRAINED)["cut"] == 0
-    assert h.drain_account(None, [], {"result": "inactive"}, was_active=False)["cut"] == 0
+    idle = h.drain_account(None, [], {"result": "success"}, was_active=False)
+    assert (idle["in_flight_at_stop"], idle["cut"]) == (0, 0)  # nothing was running: nothing in flight
 
 
 def test_engine_load_prefers_v1_loads_then_metrics():
