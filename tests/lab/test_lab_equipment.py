@@ -29,6 +29,7 @@ Description=sglang-sim with the seed's launch (gpufleet lab equipment test)
 Environment=PYTHONPATH=/opt/sglang-sim SGLANG_SIM_LOAD_SECONDS=2 SGLANG_SIM_GRAPH_SECONDS=2
 ExecStart=/usr/bin/python3 -m sglang_sim.launch_server {SEED_FLAGS}
 KillMode=control-group
+SuccessExitStatus=SIGKILL
 TimeoutStopSec=60
 """
 

@@ -10,28 +10,26 @@ from its --config file).
 
   python sglang-log-redact.py -- PYTHON -m sglang.launch_server ARGS...
 
-Signals: SIGTERM/SIGINT are forwarded to the engine's main process (which drains and stops its own
-children, as SGLang does), and the launcher exits with the engine's status once the engine's output closes.
-With KillMode=control-group systemd also signals every process itself; forwarding keeps the stop working
-where only the main process is signalled (KillMode=mixed, or a cgroup that cannot be killed as a whole, as
-in containers whose systemd reports "Failed to kill control group ... Input/output error"). SIGKILL after
-TimeoutStopSec still ends everything.
+Signals and exit status (the unit runs with KillMode=mixed: systemd signals this launcher only):
+SIGTERM/SIGINT are forwarded to the engine's main process only, never to its children: SGLang 0.5.9 drains in
+its main process (tokenizer_manager.py sigterm_watchdog) while its schedulers have no SIGTERM handler and
+would die at once. The launcher exits when the engine's main process has exited (it does not wait for
+leftover processes that still hold the output pipe: systemd's SIGKILL after the main process ends is for
+them), with the engine's status: an exit code as is, a signal N as 128+N. So the end of a drain (SGLang's
+kill_process_tree SIGKILLs itself) is 137, which the unit's SuccessExitStatus counts as a clean stop. A
+SIGKILL that the engine took without a stop request (its SIGQUIT crash path, the OOM killer) must not look
+clean: then the launcher ends itself by SIGKILL, and systemd records a failure (Result=signal).
 """
 
 import os
 import signal
 import subprocess
 import sys
+import threading
 
 SECRET_VARS = ("SGLANG_SERVER_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 CHILD_DROPS = ("SGLANG_SERVER_API_KEY",)
 MASK = b"[REDACTED]"
-
-
-def redact(line, secrets):
-    for secret in secrets:
-        line = line.replace(secret, MASK)
-    return line
 
 
 def secret_forms(values):
@@ -60,9 +58,19 @@ def main(argv):
     command = argv[argv.index("--") + 1 :]
     forms = secret_forms(os.environ.get(k, "") for k in SECRET_VARS)
     env = {k: v for k, v in os.environ.items() if k not in CHILD_DROPS}
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     child = None
+    stop_requested = []  # signals received
+    pending = []  # received before the engine ran: sent once it does
+
+    def forward(signum, _frame):
+        stop_requested.append(signum)
+        if child is None:
+            pending.append(signum)
+        elif child.poll() is None:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
     try:
         child = subprocess.Popen(
             command,
@@ -79,17 +87,24 @@ def main(argv):
         sys.stderr.write(f"sglang-log-redact: cannot start {command[0]}: {exc}\n")
         return 127
 
-    def forward(signum, _frame):
-        if child.poll() is None:
-            child.send_signal(signum)
+    for signum in pending[:1]:
+        child.send_signal(signum)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    out = sys.stdout.buffer
-    for line in iter(child.stdout.readline, b""):
-        out.write(redact_forms(line, forms))
-        out.flush()
+    def copy_output():
+        out = sys.stdout.buffer
+        for line in iter(child.stdout.readline, b""):
+            out.write(redact_forms(line, forms))
+            out.flush()
+
+    reader = threading.Thread(target=copy_output, daemon=True)
+    reader.start()
     rc = child.wait()
+    reader.join(timeout=2.0)  # the last lines; leftover children may keep the pipe open
+    if rc == -signal.SIGKILL and not stop_requested:
+        sys.stdout.flush()
+        sys.stderr.write("sglang-log-redact: the engine was killed by SIGKILL without a stop request\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
     return 128 - rc if rc < 0 else rc
 
 

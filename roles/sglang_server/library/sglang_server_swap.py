@@ -8,7 +8,16 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_server_host import not_released_message, run, unit_state, wait_released
+from ansible.module_utils.sglang_server_host import (
+    drain_account,
+    engine_load,
+    journal_lines,
+    not_released_message,
+    read_env_file,
+    run,
+    unit_state,
+    wait_released,
+)
 
 DOCUMENTATION = r"""
 module: sglang_server_swap
@@ -16,9 +25,13 @@ short_description: Stop the SGLang unit and wait until its GPUs are free, or ins
 description:
   - The two halves of a restart in one round trip each, so the time the server is down is not stretched
     by task overhead.
-  - I(action=stop) runs C(systemctl stop) (SIGTERM drain bounded by TimeoutStopSec, then SIGKILL to the
-    control group) and waits until no process of the unit is left and the server's GPUs show at most
-    I(idle_memory_mib) used; otherwise it fails naming the PIDs that hold memory (I(fail_unreleased)).
+  - I(action=stop) runs C(systemctl stop) (SIGTERM to the main process, which drains: KillMode=mixed; bounded
+    by TimeoutStopSec, then SIGKILL to the control group) and waits until no process of the unit is left and
+    the server's GPUs show at most I(idle_memory_mib) used; otherwise it fails naming the PIDs that hold
+    memory (I(fail_unreleased)).
+  - The stop is accounted for in C(drain): the requests in flight right before it (SGLang's C(/v1/loads),
+    else C(/metrics), at I(base_url)), the drain's own counts from the journal ("Gracefully exiting...
+    Remaining number of requests N"), systemd's Result of the stop, and how many requests were cut.
   - I(action=start) installs the files (atomic rename, root-owned, given mode), reloads systemd when a file
     changed, clears the unit's failure state and start limit, enables and starts it, and returns its
     InvocationID.
@@ -56,6 +69,14 @@ options:
     type: list
     elements: dict
     default: []
+  base_url:
+    description: "Server URL for the in-flight count before the stop (empty: not asked)."
+    type: str
+    default: ""
+  secrets_file:
+    description: "EnvironmentFile of the unit; its SGLANG_SERVER_API_KEY authenticates the in-flight query."
+    type: path
+    default: ""
 author: gpufleet
 """
 
@@ -97,6 +118,14 @@ released:
   description: "The unit is empty and its GPUs' memory released (stop)."
   returned: stop
   type: bool
+drain:
+  description: >-
+    The stop's account (stop): in_flight_at_stop (running + waiting requests right before the stop; null when
+    the server did not answer), load (the answer and its source), drain_remaining (the counts the engine logged
+    while draining), stop_result (systemd's Result: success, timeout, ...), exit (ExecMainCode/Status), cut
+    (requests still open when the server went away; goal 0; null when unknown), how.
+  returned: stop, restart
+  type: dict
 unit:
   description: "State of the unit after the action (InvocationID, MainPID, NRestarts, ...)."
   returned: always
@@ -125,6 +154,19 @@ def install(src, dest, mode):
     return not same
 
 
+def stop_account(unit, before, was_active, load):
+    """drain_account over the stopped invocation's journal (journald may lag the stop by a moment)."""
+    deadline = time.monotonic() + 3.0
+    while True:
+        entries = journal_lines(unit, before["invocation_id"]) if before["invocation_id"] else []
+        account = drain_account(load["in_flight"], entries, unit_state(unit), was_active)
+        if account["cut"] == 0 or not was_active or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    account["load"] = load
+    return account
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -135,6 +177,8 @@ def main():
             "idle_memory_mib": {"type": "int", "default": 512},
             "fail_unreleased": {"type": "bool", "default": True},
             "files": {"type": "list", "elements": "dict", "default": []},
+            "base_url": {"type": "str", "default": ""},
+            "secrets_file": {"type": "path", "default": ""},
         },
         supports_check_mode=False,
     )
@@ -142,10 +186,17 @@ def main():
     unit = p["unit"]
     result = {"changed": True}
     if p["action"] in ("stop", "restart"):
+        before = unit_state(unit)
+        was_active = before["active_state"] in ("active", "reloading", "activating")
+        load = {"in_flight": None, "source": None, "error": "not asked"}
+        if was_active and p["base_url"]:
+            key = read_env_file(p["secrets_file"]).get("SGLANG_SERVER_API_KEY", "")
+            load = engine_load(p["base_url"], {"Authorization": f"Bearer {key}"} if key else {})
         result["stop_started_at"] = round(time.time(), 3)
         started = time.monotonic()
         rc, out, err = run(["systemctl", "stop", unit], timeout=24 * 3600)
         result["stop_s"] = round(time.monotonic() - started, 3)
+        result["drain"] = stop_account(unit, before, was_active, load)
         if rc != 0 and "not loaded" not in err:
             module.fail_json(
                 msg=f"systemctl stop {unit} failed (rc {rc}): {(err or out).strip()}", restart_phase="stop", **result

@@ -21,6 +21,7 @@ from .engine import Engine, env_float
 from .faults import Faults
 from .http_api import SimHTTPServer, access_log_default, bind_error_message
 from .log import log
+from .procutil import kill_process_tree
 
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KV_BYTES_PER_TOKEN = 80 * 1024
@@ -80,6 +81,11 @@ class App:
         self.events: queue.Queue = queue.Queue()
         self.sigterm = False
         self.sigint = False
+        # 0.5.9 TokenizerManager.auto_create_handle_loop (first generation request, the warm-up in practice)
+        # installs sigterm_handler and starts sigterm_watchdog; before that SIGTERM is not drained.
+        self.handle_loop_at: float | None = None
+        self.uvicorn_exit = False
+        self.unhealthy = False  # ServerStatus.UnHealthy (a failed /health generation): SIGTERM force-exits
         self.model_type = "SimulatedForCausalLM"
         self.context_len = int(args.context_length or 131072)
         self.access_log = access_log_default()
@@ -120,7 +126,7 @@ class App:
 
     # ------------------------------------------------------------------ state used by HTTP handlers
     def healthy(self) -> bool:
-        return self.state == "ready"
+        return self.state == "ready" and not self.sigterm  # health_generate: 503 once gracefully_exit is set
 
     def health_check(self, path: str) -> int:
         """sglang 0.5.9 ``http_server.health_generate`` (``/health`` and ``/health_generate``).
@@ -166,6 +172,8 @@ class App:
 
     def request_begin(self, rid: str) -> None:
         with self.lock:
+            if self.handle_loop_at is None:
+                self.handle_loop_at = time.monotonic()
             self.inflight[rid] = time.monotonic()
 
     def request_end(self, rid: str) -> None:
@@ -175,7 +183,18 @@ class App:
 
     # ------------------------------------------------------------------ signals
     def _on_sigterm(self, signum, frame) -> None:
-        self.sigterm = True
+        if self.handle_loop_at is not None:
+            # SignalHandler.sigterm_handler (run by loop.add_signal_handler, so no signum/frame are passed)
+            if not self.sigterm:
+                log("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
+            self.sigterm = True
+        elif self._was_ready and self.httpd is not None:
+            self.uvicorn_exit = True  # uvicorn's own handle_exit: graceful HTTP shutdown, then re-raise
+        else:
+            # still in _launch_subprocesses: no handler at all, the default action ends the process
+            # (the children follow by PR_SET_PDEATHSIG)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def _on_sigint(self, signum, frame) -> None:
         self.sigint = True
@@ -188,7 +207,7 @@ class App:
             self._spawn_children()
             rc = self._main_loop()
         finally:
-            self._stop_children()
+            self._kill_children()
             if self.httpd is not None:
                 self.httpd.shutdown()
                 self.httpd.server_close()
@@ -347,54 +366,73 @@ class App:
     def schedulers(self) -> list[Child]:
         return [c for c in self.children if c.kind == "scheduler"]
 
-    def _stop_children(self) -> None:
+    def _kill_children(self) -> None:
+        """The main process returns (exit 1, SIGINT): its children die with it by PR_SET_PDEATHSIG (SIGKILL)."""
+        if self.faults.orphan_children:
+            return
         for c in self.children:
-            if c.popen.poll() is None and c.popen.stdin is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    c.popen.stdin.write("stop\n")
-                    c.popen.stdin.flush()
-        deadline = time.monotonic() + 5.0
+            if c.popen.poll() is None:
+                with contextlib.suppress(OSError):
+                    c.popen.kill()
         for c in self.children:
-            left = max(0.0, deadline - time.monotonic())
-            try:
-                c.popen.wait(timeout=left)
-            except subprocess.TimeoutExpired:
-                c.popen.kill()
-                c.popen.wait()
-            with contextlib.suppress(OSError, ValueError):
-                if c.popen.stdin is not None:
-                    c.popen.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.popen.wait(timeout=5.0)
+
+    def _uvicorn_shutdown(self) -> None:
+        """uvicorn's Server.capture_signals: graceful HTTP shutdown, then the captured SIGTERM is re-raised."""
+        log("INFO:     Shutting down")
+        if self.httpd is not None:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+        log("INFO:     Waiting for application shutdown.")
+        log("INFO:     Application shutdown complete.")
+        log(f"INFO:     Finished server process [{os.getpid()}]")
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # not reached
 
     # ------------------------------------------------------------------ main loop
+    def _next_watchdog_tick(self, after: float) -> float:
+        """sigterm_watchdog wakes every 5 s (asyncio.sleep(5)) from the moment the handle loop was created."""
+        start = self.handle_loop_at if self.handle_loop_at is not None else after
+        n = int((after - start) // self.drain_interval) + 1
+        return start + n * self.drain_interval
+
+    def _drain_step(self) -> None:
+        """One pass of 0.5.9 TokenizerManager.sigterm_watchdog's drain loop (called at each watchdog tick)."""
+        with self.lock:
+            rids = list(self.inflight)
+        if self.unhealthy:
+            log("Signal SIGTERM received while health check failed. Force exiting.")
+            kill_process_tree(os.getpid(), include_parent=True)
+        if os.environ.get("SGL_FORCE_SHUTDOWN", "false").lower() in ("true", "1"):  # get_bool_env_var
+            log("Signal SIGTERM received while force shutdown flag set. Force exiting.")
+            kill_process_tree(os.getpid(), include_parent=True)
+        log(
+            f"Gracefully exiting... Remaining number of requests {len(rids)}. Remaining requests remaining_rids={rids}."
+        )
+        if not rids:
+            # kill_process_tree(os.getpid(), include_parent=True): the children, then this process, by SIGKILL
+            kill_process_tree(os.getpid(), include_parent=True)
+
     def _main_loop(self) -> int:
-        drain_next_log = 0.0
+        drain_tick = 0.0
         while True:
             if self.sigint and self.state != "draining":
                 log("KeyboardInterrupt: shutting down (SIGINT).")
                 return 0
+            if self.uvicorn_exit:
+                self._uvicorn_shutdown()
             if self.sigterm and self.state != "draining":
-                log(
-                    f"SIGTERM received. signum={int(signal.SIGTERM)} frame=None. Draining requests and shutting down..."
-                )
                 self.state = "draining"
-                if os.environ.get("SGL_FORCE_SHUTDOWN", "").strip().lower() in ("1", "true", "yes", "on"):
-                    log("Signal SIGTERM received while force shutdown flag set. Force exiting.")
-                    return 0
-                drain_next_log = 0.0
+                drain_tick = self._next_watchdog_tick(time.monotonic())
             if self.state == "draining":
-                with self.lock:
-                    rids = list(self.inflight)
+                self._watch_running_children()
                 now = time.monotonic()
-                if now >= drain_next_log or not rids:
-                    log(
-                        f"Gracefully exiting... Remaining number of requests {len(rids)}. "
-                        f"Remaining requests remaining_rids={rids}."
-                    )
-                    drain_next_log = now + self.drain_interval
-                if not rids:
-                    return 0
-                with self.lock:
-                    self.lock.wait(min(0.1, max(0.0, drain_next_log - now)))
+                if now >= drain_tick:
+                    self._drain_step()
+                    drain_tick = now + self.drain_interval
+                time.sleep(min(0.1, max(0.0, drain_tick - time.monotonic())))
                 continue
             # starting / ready: watch the children
             try:
@@ -406,9 +444,12 @@ class App:
                     child.error = line[len("error") :].strip()
                 else:
                     child.status = line
-            failed = self._dead_child()
-            if failed is not None:
-                return self._fail(failed)
+            if self._was_ready:
+                self._watch_running_children()
+            else:
+                failed = self._dead_child()
+                if failed is not None:
+                    return self._fail(failed)
             if self.state == "ready":
                 self._maybe_log_decode()
             if self.state == "starting" and all(c.status == "ready" for c in self.schedulers()):
@@ -425,28 +466,49 @@ class App:
                     self.engine.hung.set()
 
     def _dead_child(self) -> Child | None:
-        now = time.monotonic()
+        """During start-up (_launch_subprocesses): a scheduler that reported an exception, or that died."""
         for c in self.children:
-            if c.popen.poll() is None:
-                continue
-            if c.error is not None or c.popen.returncode != 0:
+            if c.error is not None:
                 return c
-            # exited cleanly (e.g. SIGTERM from a cgroup-wide stop): give our own SIGTERM time to arrive
-            if c.dead_since is None:
-                c.dead_since = now
-            elif now - c.dead_since > 0.5:
+            if c.kind == "scheduler" and c.popen.poll() is not None:
                 return c
+        if any(c.kind == "detokenizer" and c.popen.poll() is not None for c in self.children):
+            self.engine.stalled.set()  # 0.5.9 does not watch the detokenizer: requests would hang
         return None
+
+    def _watch_running_children(self) -> None:
+        """After start-up 0.5.9's main process only hears of a child that hit an exception (SIGQUIT);
+        one that was killed (SIGTERM from a cgroup-wide stop, SIGKILL, OOM killer) goes unnoticed and the
+        requests it was serving never finish."""
+        for c in self.children:
+            if c.error is not None:
+                self._fail(c)
+            if c.popen.poll() is not None:
+                self.engine.stalled.set()
+        while True:  # status lines (an "error" is the scheduler's SIGQUIT to us)
+            try:
+                child, line = self.events.get_nowait()
+            except queue.Empty:
+                return
+            if line.startswith("error"):
+                child.error = line[len("error") :].strip()
+                self._fail(child)
 
     def _fail(self, child: Child) -> int:
         self.state = "failed"
         # let the other ranks report (and exit) first, as the real crash cascades through all ranks
         time.sleep(0.2)
-        if self.healthy_before_failure():
-            log("Received sigquit from a child process. It usually means the child failed.")
-        else:
-            who = f"Rank {child.rank} scheduler" if child.kind == "scheduler" else "Detokenizer"
-            log(f"{who} is dead. Please check if there are relevant logs.")
+        if child.error is not None:
+            # run_scheduler_process caught an exception and sent SIGQUIT to us: launch_phase_sigquit_handler
+            # (engine.py), or SignalHandler.running_phase_sigquit_handler once the handle loop runs; both call
+            # kill_process_tree(os.getpid()), so the server ends by SIGKILL.
+            if self.handle_loop_at is None:
+                log("Received sigquit from a child process. It usually means the child failed.")
+            else:
+                log("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+            kill_process_tree(os.getpid(), include_parent=True)
+        # _wait_for_scheduler_ready: the pipe closed without a word (the scheduler was killed)
+        log(f"Rank {child.rank} scheduler is dead. Please check if there are relevant logs.")
         log(f"Exit code: {child.popen.returncode}")
         return 1
 

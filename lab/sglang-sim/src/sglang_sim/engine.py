@@ -130,6 +130,9 @@ class Engine:
         self._recent: deque[tuple[float, int]] = deque()
         self._ids = itertools.count()
         self.last_gen_throughput = 0.0
+        # Set when a scheduler or the detokenizer died without an exception after start-up: 0.5.9's main
+        # process does not notice (no SIGQUIT came), so running and new requests get no more tokens.
+        self.stalled = threading.Event()
 
     # --- speed model
     def per_request_rate(self, concurrency: int) -> float:
@@ -233,6 +236,8 @@ class Engine:
         deadline = time.monotonic() + self.ttft_base + prompt_tokens / self.prefill_rate
         ttft = 0.0
         for i, piece in enumerate(pieces):
+            while self.stalled.is_set():  # a dead rank: this request never gets another token
+                time.sleep(0.5)
             if i > 0:
                 with self.cond:
                     c = len(self.running)

@@ -15,6 +15,7 @@ KNOWN = (
     "leak-gpu-memory",
     "port-taken",
     "hang-after-ready",
+    "orphan-children",
 )
 
 
@@ -33,6 +34,7 @@ class Faults:
     leak_gpu_memory: bool = False
     port_taken: bool = False
     hang_after_ready: bool = False
+    orphan_children: bool = False
 
     def names(self) -> list[str]:
         out = []

@@ -170,6 +170,7 @@ class Handler(BaseHTTPRequestHandler):
         "/get_server_info": "server_info",
         "/server_info": "server_info",
         "/metrics": "metrics",
+        "/v1/loads": "loads",
     }
     POST_ROUTES = {
         "/generate": "generate",
@@ -288,6 +289,35 @@ class Handler(BaseHTTPRequestHandler):
             }
         )
         self._send(200, json.dumps(info, default=str).encode())
+
+    def h_loads(self) -> None:
+        """0.5.9 ``entrypoints/v1_loads.py: get_loads`` (JSON form; one DP rank), no flag needed."""
+        snap = self.app.engine.snapshot()
+        running, waiting = snap["num_running_reqs"], snap["num_queue_reqs"]
+        load = {
+            "dp_rank": 0,
+            "num_running_reqs": running,
+            "num_waiting_reqs": waiting,
+            "num_used_tokens": snap["num_used_tokens"],
+            "max_total_num_tokens": self.app.kv_tokens,
+            "token_usage": round(snap["token_usage"], 4),
+            "gen_throughput": round(self.app.engine.gen_throughput(), 2),
+            "cache_hit_rate": 0.0,
+            "utilization": round(snap["token_usage"], 4),
+            "max_running_requests": self.app.args.max_running_requests or 4096,
+            "num_total_reqs": running + waiting,
+        }
+        aggregate = {
+            "total_running_reqs": running,
+            "total_waiting_reqs": waiting,
+            "total_reqs": running + waiting,
+            "avg_token_usage": load["token_usage"],
+            "avg_throughput": load["gen_throughput"],
+            "avg_utilization": load["utilization"],
+        }
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+        body = {"timestamp": stamp, "version": SERVER_VERSION, "dp_rank_count": 1, "loads": [load]}
+        self.send_json(200, {**body, "aggregate": aggregate})
 
     def h_metrics(self) -> None:
         if not self.app.args.enable_metrics:

@@ -3,11 +3,12 @@
 Started by the main process as ``python -m sglang_sim.scheduler --tp-rank R``. Protocol:
 
 * stdin, first line: a JSON spec (gpu, MiB, timings, faults). Later lines: ``stop`` -> release memory,
-  exit 0. EOF on stdin (the parent died, e.g. SIGKILL) does NOT stop us: like a real SGLang scheduler
-  orphaned by a killed server, we keep running and keep our GPU memory until someone kills us.
+  exit 0 (test hook; the simulated server itself ends its children with SIGKILL, as 0.5.9 does).
 * stdout: status lines for the parent: ``loaded``, ``ready``, ``error <text>``.
 * stderr: SGLang-style log lines (shared with the parent, so journald sees them).
-* SIGTERM: release memory (unless leaking) and exit 0.
+* Signals as in sglang 0.5.9 ``run_scheduler_process``: ``kill_itself_when_parent_died()``
+  (PR_SET_PDEATHSIG = SIGKILL: we die with the main process, unless the ``orphan-children`` fault is set)
+  and no SIGTERM handler (SIGTERM ends us at once, mid-request; the memory is freed with the process).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import threading
 import time
 
 from . import gpus
+from .faults import FaultError, from_env
 from .log import fake_traceback, log
 from .proctitle import set_proc_title
+from .procutil import kill_itself_when_parent_died
 
 GB = 1024.0  # MiB per GiB (SGLang prints "GB" for GiB)
 
@@ -200,7 +203,15 @@ def _read_control(sched: Scheduler) -> None:
         if line.strip() == "stop":
             sched.stop_event.set()
             return
-    # EOF: the parent is gone without telling us. A real orphaned scheduler keeps its GPU memory.
+    # EOF: the parent is gone. PR_SET_PDEATHSIG has killed us already unless orphan-children is set: then
+    # we keep running and keep our GPU memory until someone kills us (the leftover seen in the seed story).
+
+
+def orphan_children() -> bool:
+    try:
+        return from_env().orphan_children
+    except FaultError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,12 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     spec = json.loads(line)
     set_proc_title(spec["process_name"])
+    if not orphan_children():
+        kill_itself_when_parent_died()
     sched = Scheduler(spec)
-
-    def on_term(signum, frame):
-        sched.stop_event.set()
-
-    signal.signal(signal.SIGTERM, on_term)
+    # No SIGTERM handler (0.5.9 installs none in the scheduler): the default action ends the process.
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C goes to the main process, which stops us
     threading.Thread(target=_read_control, args=(sched,), daemon=True).start()
     try:

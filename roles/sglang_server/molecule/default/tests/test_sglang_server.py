@@ -50,7 +50,8 @@ def test_unit_environment_line_by_line(host):
     for key, value in LAB_ENV.items():
         assert f'Environment="{key}={value}"' in lines
     assert "EnvironmentFile=/etc/sglang-server/secrets.env" in lines
-    for line in ("KillMode=control-group", "TimeoutStartSec=120", "TimeoutStopSec=30", "Restart=on-failure",
+    for line in ("KillMode=mixed", "SuccessExitStatus=137 143", "TimeoutStartSec=120", "TimeoutStopSec=30",
+                 "Restart=on-failure",
                  "ProtectSystem=strict", "NoNewPrivileges=true", "ProtectHome=true", "PrivateTmp=true"):  # fmt: skip
         assert line in lines
     assert not any(line.startswith("PrivateDevices") for line in lines)
