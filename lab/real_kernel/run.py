@@ -111,20 +111,19 @@ def fill_cache(cache: Path) -> dict:
     pip_download(LOCK / "requirements.txt", wheelhouse, str(lock_meta["python_version"]))
     update_locks.fetch_uv_wheel(wheelhouse)
     sdist = build_sdist(KERNEL_SRC, wheelhouse)
-    # the cuda_toolkit role's pinned 13.0 compiler wheels
+    # the cuda_toolkit role's pinned 13.0 compiler wheels, and cuobjdump (a tool of this controller)
     known = yaml.safe_load(CUDA_VARS.read_text())["cuda_toolkit_known_wheel_sets"][CUDA_VERSION]
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as req:
-        req.writelines(f"{w['name']}=={w['version']} --hash=sha256:{w['sha256']}\n" for w in known)
-        req.write(f"{CUOBJDUMP[0]}=={CUOBJDUMP[1]} --hash=sha256:{CUOBJDUMP[2]}\n")
-    try:
-        pip_download(Path(req.name), cuda_wheels, "3.11")
-    finally:
-        os.unlink(req.name)
-    # cuobjdump is a tool of this controller, not part of the toolkit the role lays out
-    cuobj_wheel = next(cuda_wheels.glob("nvidia_cuda_cuobjdump-*.whl"))
-    tools_wheel = tools / cuobj_wheel.name
-    shutil.move(str(cuobj_wheel), tools_wheel)
-    with zipfile.ZipFile(tools_wheel) as zf:
+    for dest, lines in (
+        (cuda_wheels, [f"{w['name']}=={w['version']} --hash=sha256:{w['sha256']}" for w in known]),
+        (tools, [f"{CUOBJDUMP[0]}=={CUOBJDUMP[1]} --hash=sha256:{CUOBJDUMP[2]}"]),
+    ):
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as req:
+            req.write("\n".join(lines) + "\n")
+        try:
+            pip_download(Path(req.name), dest, "3.11")
+        finally:
+            os.unlink(req.name)
+    with zipfile.ZipFile(next(tools.glob("nvidia_cuda_cuobjdump-*.whl"))) as zf:
         member = next(n for n in zf.namelist() if n.endswith("/bin/cuobjdump"))
         (tools / "cuobjdump").write_bytes(zf.read(member))
     (tools / "cuobjdump").chmod(0o755)
@@ -146,15 +145,11 @@ def kernel_tag() -> str:
     return ml_env_filters.kernel_tag(CUDA_VERSION, ARCHS, torch, str(lock_meta["python_version"]))
 
 
-def lab_cmd(lab: str, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
+def lab_cmd(lab: str, *args: str, capture: bool = False, check: bool = True) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "lab"))
-    return run(
-        [sys.executable, "-m", "gpufleet_lab", "--name", lab, *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=capture,
-        text=True,
-    )
+    log(f"+ gpufleet_lab --name {lab} {' '.join(args)}")
+    argv = [sys.executable, "-m", "gpufleet_lab", "--name", lab, *args]
+    return subprocess.run(argv, env=env, cwd=ROOT, capture_output=capture, text=True, check=check)
 
 
 def inspect_wheel(wheel: Path, cuobjdump: Path, out_dir: Path) -> dict:
@@ -225,21 +220,24 @@ def main(argv: list[str] | None = None) -> int:
             ANSIBLE_FORCE_COLOR="0",
         )
         started = time.monotonic()
+        lines: list[str] = []
         with (cache / "logs" / "ansible.log").open("w") as ansible_log:
-            proc = subprocess.run(
+            proc = subprocess.Popen(
                 ["ansible-playbook", "-i", str(inventory), str(PLAYBOOK), "-e", f"real_kernel_cache={cache}"],
                 cwd=ROOT,
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                check=False,
             )
-            ansible_log.write(proc.stdout)
-        sys.stderr.write(proc.stdout[-6000:])
+            for line in proc.stdout:  # streamed: the run takes minutes
+                ansible_log.write(line)
+                sys.stderr.write(line)
+                lines.append(line.rstrip("\n"))
+            proc.wait()
         summary["playbook_seconds"] = round(time.monotonic() - started, 1)
         summary["playbook_rc"] = proc.returncode
-        summary["play_recap"] = [line for line in proc.stdout.splitlines() if " : ok=" in line]
+        summary["play_recap"] = [line for line in lines if " : ok=" in line]
         build_log = lab_cmd(
             args.lab,
             "exec",
@@ -249,11 +247,12 @@ def main(argv: list[str] | None = None) -> int:
             "-c",
             f"cat /opt/ml-env/logs/build-{tag}-{KERNEL_NAME}.log",
             capture=True,
+            check=False,
         ).stdout
         (cache / "logs" / "build.log").write_text(build_log)
         summary["nvcc_lines"] = [line.strip()[:400] for line in build_log.splitlines() if "/bin/nvcc " in line][:4]
         summary["build_host"] = {
-            k: lab_cmd(args.lab, "exec", host, "--", "sh", "-c", cmd, capture=True).stdout.strip()
+            k: lab_cmd(args.lab, "exec", host, "--", "sh", "-c", cmd, capture=True, check=False).stdout.strip()
             for k, cmd in {
                 "nvcc": "/usr/local/cuda-13.0/bin/nvcc --version | tail -2",
                 "gxx": "g++ --version | head -1",
