@@ -223,7 +223,16 @@ def main(argv: list[str] | None = None) -> int:
         lines: list[str] = []
         with (cache / "logs" / "ansible.log").open("w") as ansible_log:
             proc = subprocess.Popen(
-                ["ansible-playbook", "-i", str(inventory), str(PLAYBOOK), "-e", f"real_kernel_cache={cache}"],
+                [
+                    shutil.which(
+                        "ansible-playbook", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+                    ),
+                    "-i",
+                    str(inventory),
+                    str(PLAYBOOK),
+                    "-e",
+                    f"real_kernel_cache={cache}",
+                ],
                 cwd=ROOT,
                 env=env,
                 stdout=subprocess.PIPE,
