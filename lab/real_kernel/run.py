@@ -161,9 +161,11 @@ def inspect_wheel(wheel: Path, cuobjdump: Path, out_dir: Path) -> dict:
         so_path.write_bytes(zf.read(so_names[0]))
     elf = subprocess.run([cuobjdump, "--list-elf", so_path], capture_output=True, text=True, check=True).stdout
     ptx = subprocess.run([cuobjdump, "--list-ptx", so_path], capture_output=True, text=True, check=False)
-    sass = subprocess.run([cuobjdump, "--dump-sass", so_path], capture_output=True, text=True, check=True).stdout
+    # --dump-sass needs nvdisasm, which the cuobjdump wheel lacks; the resource usage names each kernel per arch
+    usage = subprocess.run([cuobjdump, "--dump-resource-usage", so_path], capture_output=True, text=True, check=True)
+    sass = usage.stdout
     (out_dir / "cuobjdump-list-elf.txt").write_text(elf)
-    (out_dir / "cuobjdump-dump-sass.txt").write_text(sass)
+    (out_dir / "cuobjdump-dump-resource-usage.txt").write_text(sass)
     archs = sorted(set(re.findall(r"\.(sm_\d+)\.cubin", elf)), key=lambda a: int(a[3:]))
     return {
         "wheel": wheel.name,
@@ -174,7 +176,7 @@ def inspect_wheel(wheel: Path, cuobjdump: Path, out_dir: Path) -> dict:
         "elf_archs": archs,
         "list_elf": elf.strip().splitlines(),
         "list_ptx": (ptx.stdout + ptx.stderr).strip().splitlines(),
-        "sass_functions": sorted(set(re.findall(r"Function : (\S+)", sass))),
+        "resource_usage": [line.strip() for line in sass.splitlines() if line.strip().startswith(("arch", "Function"))],
     }
 
 
