@@ -268,7 +268,6 @@ def main(argv: list[str] | None = None) -> int:
                 "nvcc": "/usr/local/cuda-13.0/bin/nvcc --version | tail -2",
                 "gxx": "g++ --version | head -1",
                 "nproc_memtotal": "nproc; grep MemTotal /proc/meminfo",
-                "build_seconds": f"grep -h -E '^(real|elapsed)' /opt/ml-env/logs/build-{tag}-{KERNEL_NAME}.log || true",
                 "release_import": "/opt/ml-env/current/bin/python -c 'import torch, gpufleet_axpy; "
                 "print(torch.__version__, torch.version.cuda, gpufleet_axpy._C.__file__)'",
             }.items()
