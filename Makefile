@@ -87,5 +87,7 @@ bench-lab: setup
 # Not in `make test` (about 2.7 GB of cached wheels): the ml_env kernel builder compiles a real CUDA torch
 # extension with nvcc + g++ for sm_90 and sm_120 on a lab host (CUDA 13.0 lane; docs/measurements/real-kernel-build.md).
 REAL_KERNEL_CACHE ?= /var/cache/gpufleet-lab/real-kernel
+# e.g. REAL_KERNEL_ARGS=--reuse (keep the built wheel: nothing compiles) or --keep-lab
+REAL_KERNEL_ARGS ?=
 real-kernel: setup
-	REAL_KERNEL_CACHE=$(REAL_KERNEL_CACHE) .venv/bin/python lab/real_kernel/run.py
+	REAL_KERNEL_CACHE=$(REAL_KERNEL_CACHE) .venv/bin/python lab/real_kernel/run.py $(REAL_KERNEL_ARGS)
