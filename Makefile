@@ -16,7 +16,7 @@ SCENARIO ?=
 MOLECULE_JOBS ?=
 LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
 
-.PHONY: real-engine help setup apt venv collections deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-tests molecule bench-lab
+.PHONY: real-engine help setup apt venv collections deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-tests molecule bench-lab real-kernel
 
 help:
 	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
@@ -24,6 +24,7 @@ help:
 	@echo "make lab-up HOSTS=N [PROFILE=p1,p2] [LAB=name SUBNET=10.x.y.0/24] / make lab-down [LAB=name]"
 	@echo "make molecule [SCENARIO=roles/<role>:default or molecule:<scenario>] [MOLECULE_JOBS=n]"
 	@echo "make real-engine    the production lock (real SGLang 0.5.9) on a GPU-less lab host: must fail, roll back"
+	@echo "make real-kernel   build a real CUDA torch extension (sm_90 + sm_120) with the ml_env kernel builder (~2.7 GB cached)"
 	@echo "make bench-lab     time lab bring-up (2 and 8 hosts) and make test; saves JSON in benchmarks/results"
 
 setup: apt venv collections
@@ -93,3 +94,11 @@ bench-lab: setup
 # on the GPU-less host and roll back to the simulator. README.md "The real engine on the lab".
 real-engine: setup
 	.venv/bin/python tools/real_engine.py
+
+# Not in `make test` (about 2.7 GB of cached wheels): the ml_env kernel builder compiles a real CUDA torch
+# extension with nvcc + g++ for sm_90 and sm_120 on a lab host (CUDA 13.0 lane; docs/measurements/real-kernel-build.md).
+REAL_KERNEL_CACHE ?= /var/cache/gpufleet-lab/real-kernel
+# e.g. REAL_KERNEL_ARGS=--reuse (keep the built wheel: nothing compiles) or --keep-lab
+REAL_KERNEL_ARGS ?=
+real-kernel: setup
+	REAL_KERNEL_CACHE=$(REAL_KERNEL_CACHE) .venv/bin/python lab/real_kernel/run.py $(REAL_KERNEL_ARGS)

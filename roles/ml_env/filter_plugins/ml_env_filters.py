@@ -19,7 +19,7 @@
 ``ml_env_kernel_builder(tags_by_host, tag, explicit)``
     The one host that builds the kernels of a tag (the first host of the play with that tag).
 ``ml_env_wheelhouse_select(paths, root, packages, kernels, kernel_dir)``
-    The wheelhouse files a host needs for a release (copied from a controller wheelhouse).
+    The wheelhouse files a host needs for a release (copied from a controller wheelhouse), kernel sources included.
 ``ml_env_prune(releases, keep, protected)``
     The releases to remove: all but the newest ``keep``, never the protected ones.
 ``ml_env_uv_error(output)``
@@ -251,8 +251,10 @@ def _dist_name_version(filename: str):
 
 
 def wheelhouse_select(paths, root: str, packages: dict, kernels=None, kernel_dir: str = "") -> list[str]:
-    """The wheelhouse files a release needs: top-level files pinned by the lock, and the kernels' files
-    in ``kernel_dir`` (the host's tag). Other tags, other versions and unrelated files stay behind."""
+    """The wheelhouse files a release needs: top-level files pinned by the lock, the kernels' source
+    distributions at the top level (what an offline builder compiles: ``pip wheel --no-binary`` finds them
+    through ``--find-links``), and the kernels' files in ``kernel_dir`` (the host's tag). Other tags, other
+    versions and unrelated files stay behind."""
     root = str(root).rstrip("/")
     pins = {(normalize_name(k), str(v)) for k, v in (packages or {}).items()}
     wanted_kernels = {(normalize_name(k["name"]), str(k["version"])) for k in kernels or []}
@@ -262,7 +264,10 @@ def wheelhouse_select(paths, root: str, packages: dict, kernels=None, kernel_dir
         parsed = _dist_name_version(path)
         if not parsed:
             continue
-        if (parent == root and parsed in pins) or (kernel_dir and parent == kernel_dir and parsed in wanted_kernels):
+        is_sdist = path.endswith((".tar.gz", ".zip"))
+        if (parent == root and (parsed in pins or (is_sdist and parsed in wanted_kernels))) or (
+            kernel_dir and parent == kernel_dir and parsed in wanted_kernels
+        ):
             chosen.append(path)
     return chosen
 

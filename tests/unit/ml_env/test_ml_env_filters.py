@@ -167,6 +167,21 @@ def test_wheelhouse_select_takes_only_what_the_release_needs():
     ]
 
 
+def test_wheelhouse_select_stages_the_kernel_source_for_an_offline_build():
+    # The lock does not pin the kernel (kernels are separate): its sdist at the wheelhouse root is still
+    # staged, so the builder's `pip wheel --no-binary gpufleet-axpy --find-links <staged>` finds it offline.
+    paths = [
+        "/wh/gpufleet_axpy-0.1.0.tar.gz",
+        "/wh/gpufleet_axpy-0.0.9.tar.gz",
+        "/wh/gpufleet_axpy-0.1.0-cp311-cp311-linux_x86_64.whl",
+        "/wh/torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+    ]
+    kernel = {"name": "gpufleet-axpy", "version": "0.1.0", "import": "gpufleet_axpy"}
+    tag_dir = "/wh/kernels/cu13.0-torch2.11.0-cp311-sm90+120"
+    got = wheelhouse_select(paths, "/wh", {"torch": "2.11.0"}, [kernel], tag_dir)
+    assert got == ["/wh/gpufleet_axpy-0.1.0.tar.gz", "/wh/torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl"]
+
+
 def test_prune_keeps_the_newest_and_the_protected():
     releases = [{"id": f"r{i}", "created": i} for i in range(6)]
     assert prune(releases, 3) == ["r2", "r1", "r0"]
