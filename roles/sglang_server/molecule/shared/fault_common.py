@@ -12,7 +12,7 @@ import hashlib
 import os
 
 import pytest
-from sglang_molecule import LAB_ENV, REPORTS, UNIT_PATH, ask, health, props, report, run_playbook, serving
+from sglang_molecule import LAB_ENV, REPORTS, UNIT_PATH, ask, health, props, report, run_playbook, serving, tp_size
 
 HOST = "sglang-01"
 RELEASE_A = "/opt/ml-env/releases/sim-a"
@@ -121,8 +121,9 @@ def test_previous_version_serves_and_is_healthy(host, bad_deploy):
     assert "SGLANG_SIM_FAULT" not in engine["env"]
     assert {k: engine["env"].get(k) for k in LAB_ENV} == LAB_ENV
     info, old_info = now["server_info"], before["serving"]["server_info"]
-    for key in ("model_path", "served_model_name", "tp_size", "max_running_requests"):
+    for key in ("model_path", "served_model_name", "max_running_requests"):
         assert info[key] == old_info[key], key
+    assert tp_size(info) == tp_size(old_info) == 8
     assert health(host) == "200"
     assert "Paris" in ask(host, "What is the capital of France?")
     assert host.file("/opt/ml-env/current").linked_to == RELEASE_A

@@ -30,9 +30,11 @@ def base_vars(**extra):
     return {"sglang_server_report_dir": str(REPORTS), **extra}
 
 
-def run_playbook(playbook: str, extra_vars: dict | None = None, verbosity: int = 0, timeout: int = 600):
+def run_playbook(
+    playbook: str, extra_vars: dict | None = None, verbosity: int = 0, timeout: int = 600, limit: str | None = None
+):
     """Run a project playbook (path relative to the root) on the scenario's hosts; rc and combined output."""
-    args = ["-" + "v" * verbosity] if verbosity else []
+    args = (["-" + "v" * verbosity] if verbosity else []) + (["--limit", limit] if limit else [])
     proc = gpufleet_testinfra.run_playbook(
         playbook,
         *args,
@@ -115,6 +117,12 @@ def serving(host, api_key: str | None = None, port: int = 8000) -> dict:
         "processes": procs,
         "server_info": json.loads(info.stdout) if info.rc == 0 else None,
     }
+
+
+def tp_size(server_info: dict) -> int:
+    """tp size from /get_server_info: SGLang 0.5.9 reports the ServerArgs field tp_size; the simulator today
+    reports argparse's dest tensor_parallel_size."""
+    return int(server_info["tp_size"] if "tp_size" in server_info else server_info["tensor_parallel_size"])
 
 
 def flag(argv: list[str], name: str) -> str | None:
