@@ -76,7 +76,8 @@ def test_serial_rollout_proves_host_1_healthy_before_host_2_stops(hosts):
     rc, out = run_playbook("playbooks/restart.yml")
     assert rc == 0, out[-3000:]
     assert out.count("PLAY [SGLang server - safe restart]") == 2  # one batch per host
-    first_done = dt.datetime.fromisoformat(report("sglang-01")["finished_at"]).timestamp()
+    finished = dt.datetime.fromisoformat(report("sglang-01")["finished_at"])  # UTC (now(utc=true))
+    first_done = (finished if finished.tzinfo else finished.replace(tzinfo=dt.UTC)).timestamp()
     assert report("sglang-01")["result"] == "ok" and report("sglang-01")["health"]["ok"] is True
     assert started_at(hosts["sglang-02"]) > first_done
     assert report("sglang-02")["result"] == "ok"
