@@ -1,51 +1,93 @@
 """Shared checks of the fault scenarios: the good version was converged; a bad version is deployed with
-the real playbook (captured); the host must fail with a clear message, the previous version must serve
-and be healthy again, and the report must record the rollback."""
+the real playbook (captured); the host must fail with a clear message naming the exact phase, the previous
+version must be what serves again (the engine process runs the last-good release, flags and environment,
+and answers correctly), and the report must record the rollback with the failed start's own journal.
+
+GPUFLEET_FAULT_AUTO_ROLLBACK=false runs the bad deploy with sglang_server_auto_rollback=false: these tests
+must then fail (proof that they test the rollback, docs/sglang-server.md)."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+
 import pytest
-from sglang_molecule import LAB_ENV, REPORTS, UNIT, UNIT_PATH, ask, exec_start_argv, health, props, report, run_playbook
+from sglang_molecule import LAB_ENV, REPORTS, UNIT_PATH, ask, health, props, report, run_playbook, serving, tp_size
 
 HOST = "sglang-01"
-# fault -> extra vars of the bad version, words the failure message must contain, a journal line of the fault
+RELEASE_A = "/opt/ml-env/releases/sim-a"
+READY = "The server is fired up and ready to roll!"
+# fault -> extra vars of the bad version, words the failure message must contain, the exact failure phase,
+# journal lines that only this fault produces (in the excerpt of the failed start), and lines a healthy start
+# prints that this fault's start must not reach.
 FAULTS = {
     "crash-on-start": {
         # also a new ml-env release (sim-b, `current` switched by ml_env): the rollback must switch it back
         "vars": {"sglang_server_ml_env_release": "/opt/ml-env/releases/sim-b"},
         "message": "is no longer running during start-up",
-        "journal": "CUDA driver initialization failed",
+        "phase": "start",
+        "journal": ["CUDA driver initialization failed"],
+        "not_reached": ["Load weight begin", READY],
     },
     "crash-after-load": {
         "vars": {},
         "message": "during start-up",
-        "journal": "an illegal memory access was encountered",
+        "phase": "start",
+        "journal": ["an illegal memory access was encountered"],
+        "not_reached": [READY],
     },
     "never-ready": {
         "vars": {"sglang_server_ready_timeout_s": 6},
         "message": "not ready",
-        "journal": "Capture cuda graph begin",
+        "phase": "start",
+        # stuck in the CUDA graph capture: it begins and never ends, the server never gets ready
+        "journal": ["fault injection active: never-ready", "Capture cuda graph begin"],
+        "not_reached": ["Capture cuda graph end", READY],
     },
-    # 0.5.9 logs NaN logits only with --enable-nan-detection; the garbage ("!!!!") shows either way
     "nan-output": {
-        "vars": {"sglang_server_args_host": {"enable-nan-detection": True}},
+        "vars": {},
         "message": "looks like garbage",
-        "journal": "NaN in the logits",
+        "phase": "start",
+        "journal": ["fault injection active: nan-output", READY],
+        "not_reached": [],
     },
-    "wrong-answer": {"vars": {}, "message": "does not match", "journal": "fired up and ready to roll"},
-    "port-taken": {"vars": {}, "message": "is no longer running during start-up", "journal": "address already in use"},
+    "wrong-answer": {
+        "vars": {},
+        "message": "does not match",
+        "phase": "start",
+        # a healthy-looking start (ready) of the faulty engine: only generation shows the fault
+        "journal": ["fault injection active: wrong-answer", READY],
+        "not_reached": ["Traceback"],
+    },
+    "port-taken": {
+        "vars": {},
+        "message": "is no longer running during start-up",
+        "phase": "start",
+        "journal": ["address already in use"],
+        "not_reached": [READY],
+    },
 }
+
+
+def auto_rollback() -> bool:
+    return os.environ.get("GPUFLEET_FAULT_AUTO_ROLLBACK", "true").lower() not in ("false", "0", "no")
 
 
 def bad_vars(fault: str) -> dict:
     spec = FAULTS[fault]
-    return {"sglang_server_environment": {**LAB_ENV, "SGLANG_SIM_FAULT": fault}, **spec["vars"]}
+    extra = {} if auto_rollback() else {"sglang_server_auto_rollback": False}
+    return {"sglang_server_environment": {**LAB_ENV, "SGLANG_SIM_FAULT": fault}, **spec["vars"], **extra}
+
+
+def unit_sha(host) -> str:
+    return hashlib.sha256(host.file(UNIT_PATH).content).hexdigest()
 
 
 @pytest.fixture(scope="module")
 def bad_deploy(host, fault):
     assert health(host) == "200"
-    before = props(host)
+    before = {"props": props(host), "unit_sha": unit_sha(host), "serving": serving(host)}
+    assert before["serving"]["engine"] is not None, before["serving"]["processes"]
     if fault == "crash-on-start":  # what the ml_env role does when it builds a new release
         host.run("ln -sfn /opt/ml-env/releases/sim-b /opt/ml-env/current")
     rc, out = run_playbook("playbooks/deploy_server.yml", bad_vars(fault))
@@ -55,25 +97,40 @@ def bad_deploy(host, fault):
 def test_host_failed_with_a_clear_message(bad_deploy, fault):
     _before, rc, out = bad_deploy
     assert rc != 0
-    assert f"SGLANG SERVER DEPLOY FAILED on {HOST}" in out
+    assert f"SGLANG SERVER DEPLOY FAILED on {HOST} in phase {FAULTS[fault]['phase']} " in out
     assert FAULTS[fault]["message"] in out
-    assert "ROLLED BACK: restored the last-known-good version" in out
+    assert "ROLLED BACK: restored the last-known-good version (release sim-a" in out
     assert "Journal excerpt of the failed start:" in out
     assert "failed=1" in out.split("PLAY RECAP")[-1]
 
 
 def test_previous_version_serves_and_is_healthy(host, bad_deploy):
+    """The process that serves now is the last-good version: same unit file, same release, same flags, no
+    fault in its environment, and it answers correctly; not only a unit file that says so."""
     before, _rc, _out = bad_deploy
     after = props(host)
     assert after["ActiveState"] == "active"
-    assert after["MainPID"] != before["MainPID"]  # it was stopped for the bad version, then restored
+    assert after["MainPID"] != before["props"]["MainPID"]  # it was stopped for the bad version, then restored
+    assert unit_sha(host) == before["unit_sha"]
+    now = serving(host)
+    engine, old = now["engine"], before["serving"]["engine"]
+    assert engine is not None, now["processes"]
+    assert engine["pid"] != old["pid"]
+    assert engine["argv"][0] == f"{RELEASE_A}/bin/python"
+    assert engine["argv"] == old["argv"]  # the last-good release, module and flags
+    assert "SGLANG_SIM_FAULT" not in engine["env"]
+    assert {k: engine["env"].get(k) for k in LAB_ENV} == LAB_ENV
+    info, old_info = now["server_info"], before["serving"]["server_info"]
+    for key in ("model_path", "served_model_name", "max_running_requests"):
+        assert info[key] == old_info[key], key
+    assert tp_size(info) == tp_size(old_info) == 8
     assert health(host) == "200"
     assert "Paris" in ask(host, "What is the capital of France?")
-    assert "SGLANG_SIM_FAULT" not in host.file(UNIT_PATH).content_string
-    assert exec_start_argv(host)[0] == "/opt/ml-env/releases/sim-a/bin/python"
-    assert host.file("/opt/ml-env/current").linked_to == "/opt/ml-env/releases/sim-a"
-    assert len(host.check_output("nvidia-smi --query-compute-apps=pid --format=csv,noheader").split()) == 8
-    assert host.service(UNIT).is_running
+    assert host.file("/opt/ml-env/current").linked_to == RELEASE_A
+    apps = host.check_output("nvidia-smi --query-compute-apps=pid --format=csv,noheader").split()
+    assert len(apps) == 8
+    unit_pids = {str(p["pid"]) for p in now["processes"]}
+    assert set(apps) <= unit_pids  # every GPU holder is a process of the restored server
 
 
 def test_report_records_the_rollback(bad_deploy, fault):
@@ -81,10 +138,17 @@ def test_report_records_the_rollback(bad_deploy, fault):
     assert r["result"] == "rolled_back"
     assert r["rollback"]["performed"] is True and r["rollback"]["healthy"] is True
     assert r["rollback"]["restored"]["release_id"] == "sim-a"
-    assert r["failure"]["phase"] in ("start", "stop")
+    assert r["failure"]["phase"] == FAULTS[fault]["phase"]
     assert FAULTS[fault]["message"] in r["failure"]["message"]
     assert r["health"]["ok"] is True  # the restored version's health
+    failed_start = r["failure"]["invocation_id"]
+    assert failed_start and failed_start != r["restart"]["rollback"]["invocation_id"]
     excerpt = r["journal_excerpt"]
     assert excerpt.startswith(str(REPORTS))
     with open(excerpt) as fh:
-        assert FAULTS[fault]["journal"] in fh.read()
+        text = fh.read()
+    assert f"(invocation {failed_start})" in text.splitlines()[0]  # the failed start's journal, not the restore's
+    for line in FAULTS[fault]["journal"]:
+        assert line in text, line
+    for line in FAULTS[fault]["not_reached"]:
+        assert line not in text, line

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
-import tempfile
 from pathlib import Path
+
+import gpufleet_testinfra
 
 ROOT = Path(os.environ.get("GPUFLEET_ROOT", Path(__file__).resolve().parents[4]))
 EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
@@ -35,29 +35,21 @@ def base_vars(**extra):
     return {"sglang_server_report_dir": str(REPORTS), **extra}
 
 
-def run_playbook(playbook: str, extra_vars: dict | None = None, verbosity: int = 0, timeout: int = 600):
+def run_playbook(
+    playbook: str, extra_vars: dict | None = None, verbosity: int = 0, timeout: int = 600, limit: str | None = None
+):
     """Run a project playbook (path relative to the root) on the scenario's hosts; rc and combined output."""
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(EPHEMERAL / "ansible.cfg"),
-        ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
-        ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"),
-        ANSIBLE_FORCE_COLOR="0",
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_CALLBACK_RESULT_FORMAT="yaml",
+    args = (["-" + "v" * verbosity] if verbosity else []) + (["--limit", limit] if limit else [])
+    proc = gpufleet_testinfra.run_playbook(
+        playbook,
+        *args,
+        extra_vars=base_vars(**(extra_vars or {})),
+        inventory=EPHEMERAL / "inventory",  # the directory: the scenario's group_vars link lives there
+        config=EPHEMERAL / "ansible.cfg",
+        log_dir=EPHEMERAL,
+        timeout=timeout,
     )
-    with tempfile.NamedTemporaryFile("w", suffix=".json", dir=EPHEMERAL, delete=False) as fh:
-        json.dump(base_vars(**(extra_vars or {})), fh)
-        vars_file = fh.name
-    argv = ["ansible-playbook", "-i", str(EPHEMERAL / "inventory"), "-e", f"@{vars_file}", str(ROOT / playbook)]
-    if verbosity:
-        argv.append("-" + "v" * verbosity)
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    os.unlink(vars_file)
-    out = proc.stdout + proc.stderr
-    log = EPHEMERAL / f"run-{Path(playbook).stem}-{len(list(EPHEMERAL.glob('run-*.log')))}.log"
-    log.write_text(" ".join(shlex.quote(a) for a in argv) + "\n" + out)
-    return proc.returncode, out
+    return proc.returncode, proc.stdout + proc.stderr
 
 
 def props(host, *names):
@@ -76,16 +68,70 @@ def exec_start_argv(host) -> list[str]:
     return shlex.split(line[len("ExecStart=") :])
 
 
-def ask(host, prompt: str, api_key: str | None = None, port: int = 8000) -> str:
-    # the lab's engine thinks first (reasoning-parser glm45): room for the thinking and the answer
-    body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content": prompt}], "max_tokens": 1024})
+def ask(host, prompt: str, api_key: str | None = None, port: int = 8000, max_tokens: int = 1024) -> str:
+    """One chat completion: the answer (content, or the reasoning when a reasoning parser took it all).
+
+    The lab's engine thinks first under --reasoning-parser: max_tokens leaves room for both."""
+    body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens})
     auth = f"-H 'Authorization: Bearer {api_key}' " if api_key else ""
     out = host.check_output(
-        f"curl -sf --max-time 30 {auth}-H 'Content-Type: application/json' "
+        f"curl -sf --max-time 60 {auth}-H 'Content-Type: application/json' "
         f"-d {shlex.quote(body)} http://127.0.0.1:{port}/v1/chat/completions"
     )
-    return json.loads(out)["choices"][0]["message"]["content"]
+    msg = json.loads(out)["choices"][0]["message"]
+    return (msg.get("content") or "") + "\n" + (msg.get("reasoning_content") or "")
 
 
 def health(host, port: int = 8000) -> str:
     return host.check_output(f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 30 http://127.0.0.1:{port}/health")
+
+
+# Reads /proc on the host: every live process of the unit (by cgroup), with argv and environment.
+_UNIT_PROCS = r"""
+import json, os, sys
+unit = sys.argv[1]
+found = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        cg = open(f"/proc/{pid}/cgroup").read()
+        if not any(line.rsplit("/", 1)[-1] == unit for line in cg.splitlines()):
+            continue
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\0")[:-1]
+        raw = open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace")
+        env = dict(e.split("=", 1) for e in raw.split("\0") if "=" in e)
+    except OSError:
+        continue
+    found.append({"pid": int(pid), "argv": argv, "env": env})
+print(json.dumps(found))
+"""
+
+
+def unit_processes(host) -> list[dict]:
+    """Every live process of the server's unit: pid, argv and environment, read from /proc on the host."""
+    return json.loads(host.check_output(f"python3 -c {shlex.quote(_UNIT_PROCS)} {UNIT}"))
+
+
+def serving(host, api_key: str | None = None, port: int = 8000) -> dict:
+    """What is serving now: the engine's main process (the unit's process started as `PYTHON -m MODULE`;
+    its argv and environment from /proc) and the engine's own /get_server_info (None when it does not answer)."""
+    procs = unit_processes(host)
+    engines = [p for p in procs if len(p["argv"]) > 2 and p["argv"][1] == "-m" and "launch_server" in p["argv"][2]]
+    auth = f"-H 'Authorization: Bearer {api_key}' " if api_key else ""
+    info = host.run(f"curl -sf --max-time 30 {auth}http://127.0.0.1:{port}/get_server_info")
+    return {
+        "engine": engines[0] if len(engines) == 1 else None,
+        "engines": engines,
+        "processes": procs,
+        "server_info": json.loads(info.stdout) if info.rc == 0 else None,
+    }
+
+
+def tp_size(server_info: dict) -> int:
+    """tp size from /get_server_info: SGLang 0.5.9 reports the ServerArgs field tp_size; the simulator today
+    reports argparse's dest tensor_parallel_size."""
+    return int(server_info["tp_size"] if "tp_size" in server_info else server_info["tensor_parallel_size"])
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    """The value after --name in an argv (None when absent)."""
+    return argv[argv.index(name) + 1] if name in argv else None

@@ -8,42 +8,15 @@ check mode on the converged host and must report no change.
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
 from pathlib import Path
 
+from gpufleet_testinfra import recap, run_playbook
+
 SCENARIO = Path(__file__).resolve().parents[1]
-ROOT = SCENARIO.parents[3]
 
 
-def ansible_playbook(*args: str) -> subprocess.CompletedProcess:
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
-        ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"),
-        ANSIBLE_HOST_KEY_CHECKING="False",
-        ANSIBLE_FORCE_COLOR="0",
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_GATHERING="implicit",
-    )
-    return subprocess.run(
-        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], *args],
-        cwd=SCENARIO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    found = {}
-    for host, fields in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", output, re.M):
-        found[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", fields)}
-    return found
+def ansible_playbook(*args: str):
+    return run_playbook(args[-1], *args[:-1], cwd=SCENARIO, env={"ANSIBLE_GATHERING": "implicit"})
 
 
 def test_error_cases_are_refused_clearly():

@@ -6,46 +6,18 @@ broken locks, missing wheels, a failing kernel build and a failing verification 
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
 from pathlib import Path
 
 import pytest
+from gpufleet_testinfra import recap, run_playbook
 
 SCENARIO = Path(__file__).resolve().parents[1]
-ROOT = SCENARIO.parents[3]
 HOSTS = ("ml-env-a", "ml-env-b")
 
 
-def ansible_playbook(*args: str) -> subprocess.CompletedProcess:
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
-        ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"),
-        ANSIBLE_HOST_KEY_CHECKING="False",
-        ANSIBLE_FORCE_COLOR="0",
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_GATHERING="implicit",
-        ANSIBLE_CACHE_PLUGIN="memory",
-    )
-    return subprocess.run(
-        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], *args],
-        cwd=SCENARIO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    found = {}
-    for host, fields in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", output, re.M):
-        found[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", fields)}
-    return found
+def ansible_playbook(*args: str):
+    env = {"ANSIBLE_GATHERING": "implicit", "ANSIBLE_CACHE_PLUGIN": "memory"}
+    return run_playbook(args[-1], *args[:-1], cwd=SCENARIO, env=env)
 
 
 def link(host, name: str) -> str:
@@ -55,14 +27,6 @@ def link(host, name: str) -> str:
 @pytest.fixture(scope="module")
 def hosts(host_by_name):
     return {name: host_by_name(name) for name in HOSTS}
-
-
-@pytest.fixture(scope="module")
-def host_by_name():
-    import testinfra
-
-    inventory = os.environ["MOLECULE_INVENTORY_FILE"]
-    return lambda name: testinfra.get_host(f"ansible://{name}?ansible_inventory={inventory}")
 
 
 @pytest.fixture(scope="module")

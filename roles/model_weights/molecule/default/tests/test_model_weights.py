@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import urllib.request
 from pathlib import Path
 
 import pytest
+from gpufleet_testinfra import changed_tasks, recap, run_playbook
 
 SCENARIO = Path(__file__).resolve().parents[1]
-ROOT = SCENARIO.parents[3]
 HUB_DIR = Path(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent")) / "testhub"
 COMMIT = "93e8c171601ec816319e60454f222900eb5c1d96"
 MODEL_DIR = f"/srv/models/gpufleet-lab--tiny-model/{COMMIT}"
@@ -42,44 +41,8 @@ def request_log() -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def ansible_playbook(*args: str) -> subprocess.CompletedProcess:
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
-        ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"),
-        ANSIBLE_HOST_KEY_CHECKING="False",
-        ANSIBLE_FORCE_COLOR="0",
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_GATHERING="implicit",
-    )
-    return subprocess.run(
-        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], *args],
-        cwd=SCENARIO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    found = {}
-    for host, fields in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", output, re.M):
-        found[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", fields)}
-    return found
-
-
-def changed_tasks(output: str) -> list[str]:
-    """Names of the tasks that reported a change (for failure messages)."""
-    found, task = [], None
-    for line in output.splitlines():
-        if line.startswith("TASK ["):
-            task = line[6 : line.rfind("]")]
-        elif line.startswith("changed: [") and task not in found:
-            found.append(task)
-    return found
+def ansible_playbook(*args: str):
+    return run_playbook(args[-1], *args[:-1], cwd=SCENARIO, env={"ANSIBLE_GATHERING": "implicit"})
 
 
 def assert_no_token(text: str, where: str) -> None:

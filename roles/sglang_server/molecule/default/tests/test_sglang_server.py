@@ -15,10 +15,12 @@ from sglang_molecule import (
     UNIT_PATH,
     ask,
     exec_start_argv,
+    flag,
     health,
     props,
     report,
     run_playbook,
+    serving,
 )
 
 SECRET = "mol-SECRET-key-7f3a91"
@@ -162,16 +164,26 @@ def test_safe_restart_playbook(host, second_run):
 
 
 def test_on_demand_rollback_restores_the_previous_good_version(host, second_run):
-    # Deploy B (another flag value), then roll back on demand: A (max-running-requests 64) serves again.
+    """Deploy B (another flag value), then roll back on demand: the process that serves is A again (its
+    argv and the engine's own /get_server_info say max-running-requests 64), proven by a generation."""
     rc, out = run_playbook(
         "playbooks/deploy_server.yml", {**KEYED, "sglang_server_args_host": {"max-running-requests": 32}}
     )
     assert rc == 0, out[-3000:]
-    assert exec_start_argv(host)[exec_start_argv(host).index("--max-running-requests") + 1] == "32"
+    b = serving(host, api_key=SECRET)
+    assert flag(b["engine"]["argv"], "--max-running-requests") == "32"
+    assert b["server_info"]["max_running_requests"] == 32
     rc, out = run_playbook("playbooks/rollback.yml", KEYED)
     assert rc == 0, out[-3000:]
-    argv = exec_start_argv(host)
-    assert argv[argv.index("--max-running-requests") + 1] == "64"
+    a = serving(host, api_key=SECRET)
+    assert a["engine"] is not None and a["engine"]["pid"] != b["engine"]["pid"]
+    assert a["engine"]["argv"][0] == "/opt/ml-env/releases/sim-a/bin/python"
+    assert flag(a["engine"]["argv"], "--max-running-requests") == "64"
+    assert a["server_info"]["max_running_requests"] == 64
+    assert flag(exec_start_argv(host), "--max-running-requests") == "64"
     assert health(host) == "200"
+    assert "Paris" in ask(host, "What is the capital of France?", api_key=SECRET)
     r = report(HOST)
-    assert r["result"] == "rolled_back" and r["rollback"]["healthy"] is True
+    assert r["result"] == "rolled_back" and r["rollback"]["healthy"] is True and r["rollback"]["on_demand"] is True
+    assert r["restart"]["rollback"]["main_pid"] == int(props(host)["MainPID"])
+    assert r["health"]["ok"] is True

@@ -4,6 +4,7 @@ a later deploy is refused before the stop while the leak holds the GPUs."""
 import re
 
 import pytest
+from fault_common import auto_rollback
 from sglang_molecule import LAB_ENV, UNIT_PATH, ask, health, props, report, run_playbook
 
 HOST = "sglang-01"
@@ -18,7 +19,8 @@ NEW = {**OLD, "sglang_server_args_host": {"mem-fraction-static": 0.4, "max-runni
 def bad_deploy(host):
     before = props(host)
     old_pids = set(host.check_output("nvidia-smi --query-compute-apps=pid --format=csv,noheader").split())
-    rc, out = run_playbook("playbooks/deploy_server.yml", NEW)
+    extra = {} if auto_rollback() else {"sglang_server_auto_rollback": False}  # GPUFLEET_FAULT_AUTO_ROLLBACK
+    rc, out = run_playbook("playbooks/deploy_server.yml", {**NEW, **extra})
     return before, old_pids, rc, out
 
 

@@ -1,0 +1,101 @@
+"""deploy.yml end to end on a lab host, then the operations playbooks as separate runs (as an operator
+would run them, with the facts deploy.yml cached): each ends with the server proven by a generation, and
+each changes what it should and nothing else.
+
+  converge   deploy.yml: preflight, cuda_toolkit (lab CUDA mirror), ml_env (lab wheelhouse), model_weights
+             (lab test hub), sglang_server
+  restart    playbooks/restart.yml: a new server process, same unit, release, model and flags
+  deploy B   playbooks/deploy_server.yml with another flag value (the server stage alone)
+  rollback   playbooks/rollback.yml: version A serves again, with the staged model
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "roles" / "sglang_server" / "molecule" / "shared"))
+
+from sglang_molecule import UNIT_PATH, ask, flag, health, props, report, run_playbook, serving  # noqa: E402
+
+HOST = "e2e-01"
+CUDA_HOME = "/usr/local/cuda-12.8"
+MODEL_DIR = "/srv/models/gpufleet-lab--tiny-model/93e8c171601ec816319e60454f222900eb5c1d96"
+
+
+def unit_sha(host) -> str:
+    return hashlib.sha256(host.file(UNIT_PATH).content).hexdigest()
+
+
+def assert_answers(host) -> None:
+    assert health(host) == "200"
+    assert "Paris" in ask(host, "What is the capital of France?")
+
+
+@pytest.fixture(scope="module")
+def deployed(host):
+    """What deploy.yml left: the ml-env release, the serving engine, the unit's checksum."""
+    release = host.file("/opt/ml-env/current").linked_to
+    return {"release": release, "serving": serving(host), "unit_sha": unit_sha(host), "props": props(host)}
+
+
+def test_deploy_ran_every_stage_and_the_server_uses_their_results(host, deployed):
+    # cuda_toolkit: the toolkit from the lab mirror, held
+    assert host.file(f"{CUDA_HOME}/bin/nvcc").exists
+    assert "cuda-toolkit-12-8" in host.check_output("apt-mark showhold").split()
+    # ml_env: a release built from the lab wheelhouse, `current` pointing at it
+    release = deployed["release"]
+    assert release.startswith("/opt/ml-env/releases/")
+    assert host.run(f"{release}/bin/python -c 'import sglang_sim'").rc == 0
+    # model_weights: the pinned commit of the test model, staged and verified
+    assert "commit 1" in host.file(f"{MODEL_DIR}/config.json").content_string
+    assert host.file(f"{MODEL_DIR}/.gpufleet-manifest.json").exists
+    # sglang_server: the engine runs that release, that model, that CUDA
+    engine = deployed["serving"]["engine"]
+    assert engine is not None, deployed["serving"]["processes"]
+    assert engine["argv"][0] == f"{release}/bin/python"
+    assert flag(engine["argv"], "--model-path") == MODEL_DIR
+    assert engine["env"]["CUDA_HOME"] == CUDA_HOME
+    assert deployed["serving"]["server_info"]["model_path"] == MODEL_DIR
+    r = report(HOST)
+    assert r["result"] == "ok" and r["health"]["ok"] is True
+    assert r["versions"]["ml_env_release"] == release
+    assert r["comm_profile"] == "no-p2p"  # preflight's derivation for the 8x RTX PRO 6000 PCIe VM
+    assert_answers(host)
+
+
+def test_restart_playbook_restarts_the_same_version(host, deployed):
+    rc, out = run_playbook("playbooks/restart.yml")
+    assert rc == 0, out[-4000:]
+    now = serving(host)
+    assert now["engine"] is not None and now["engine"]["pid"] != deployed["serving"]["engine"]["pid"]
+    # what changed: only the process; the unit, the release, the model and the flags are the deployed ones
+    assert now["engine"]["argv"] == deployed["serving"]["engine"]["argv"]
+    assert unit_sha(host) == deployed["unit_sha"]
+    assert host.file("/opt/ml-env/current").linked_to == deployed["release"]
+    r = report(HOST)
+    assert r["result"] == "ok" and "forced (sglang_server_force_restart)" in r["restart_reasons"]
+    assert_answers(host)
+
+
+def test_deploy_b_then_rollback_playbook_restores_a(host, deployed):
+    rc, out = run_playbook("playbooks/deploy_server.yml", {"sglang_server_args_host": {"max-running-requests": 32}})
+    assert rc == 0, out[-4000:]
+    b = serving(host)
+    assert flag(b["engine"]["argv"], "--max-running-requests") == "32"
+    assert flag(b["engine"]["argv"], "--model-path") == MODEL_DIR  # the server stage alone finds the staged model
+    assert_answers(host)
+
+    rc, out = run_playbook("playbooks/rollback.yml")
+    assert rc == 0, out[-4000:]
+    a = serving(host)
+    assert a["engine"] is not None and a["engine"]["pid"] != b["engine"]["pid"]
+    assert a["engine"]["argv"] == deployed["serving"]["engine"]["argv"]  # release, model, flags of A
+    assert unit_sha(host) == deployed["unit_sha"]
+    assert host.file("/opt/ml-env/current").linked_to == deployed["release"]
+    r = report(HOST)
+    assert r["result"] == "rolled_back" and r["rollback"]["healthy"] is True
+    assert_answers(host)

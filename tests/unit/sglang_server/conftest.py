@@ -1,0 +1,62 @@
+"""Import the sglang_server modules and module_utils as Ansible would, and run a module's main() in-process.
+
+``run_module(module, args)`` returns ``(result, failed)``: the JSON the module printed (exit_json or
+fail_json) and whether it failed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+REPO = Path(__file__).resolve().parents[3]
+ROLE = REPO / "roles" / "sglang_server"
+FIXTURES = REPO / "tests" / "unit" / "fixtures"
+LAB_CAPTURES = FIXTURES / "sglang-server-lab"
+
+for sub in ("module_utils", "library"):
+    if str(ROLE / sub) not in sys.path:
+        sys.path.insert(0, str(ROLE / sub))
+# The modules import `ansible.module_utils.sglang_server_host` (Ansible ships the role's module_utils so).
+_host = importlib.import_module("sglang_server_host")
+sys.modules.setdefault("ansible.module_utils.sglang_server_host", _host)
+# The simulator's test helpers (a real sglang_sim server on loopback) for the modules that talk HTTP.
+SIM_TESTS = REPO / "tests" / "unit" / "sglang_sim"
+if str(SIM_TESTS) not in sys.path:
+    sys.path.insert(0, str(SIM_TESTS))
+
+
+@pytest.fixture
+def run_module(capsys):
+    def _run(name: str, args: dict):
+        mod = importlib.import_module(name)
+        with patch_module_args(args), pytest.raises(SystemExit) as exc:
+            mod.main()
+        out = capsys.readouterr().out
+        result = json.loads(out[out.index("{") :])
+        return result, bool(result.get("failed")) or exc.value.code not in (0, None)
+
+    return _run
+
+
+@pytest.fixture
+def make_sim(tmp_path):
+    from sglang_sim_helpers import Sim
+
+    sims = []
+
+    def factory(args=None, env=None, n_gpus=2):
+        base = tmp_path / f"sim{len(sims)}"
+        base.mkdir(parents=True)
+        sim = Sim(base, args, env, n_gpus)
+        sims.append(sim)
+        return sim.start()
+
+    yield factory
+    for sim in sims:
+        sim.stop()

@@ -1,0 +1,159 @@
+"""The sglang_server modules run in-process (their main(), as Ansible runs them) against real programs:
+sglang_server_smoke against the lab's simulated engine on loopback (healthy, wrong answers, NaN output,
+an API key), sglang_server_engine_help against the simulator's real `python -m ... --help`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import yaml
+from conftest import REPO, ROLE
+
+DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+SIM_SRC = REPO / "lab" / "sglang-sim" / "src"
+KEY = "unit-Key-00017 #x"
+
+
+def smoke_args(sim, **extra):
+    return {
+        "base_url": f"http://127.0.0.1:{sim.port}",
+        "served_name": "glm-5",
+        "prompts": DEFAULTS["sglang_server_smoke_prompts"],
+        "garbage_patterns": DEFAULTS["sglang_server_garbage_patterns"],
+        "min_tokens_per_s": 1,
+        "timeout": 30,
+        **extra,
+    }
+
+
+@pytest.fixture
+def serve(make_sim):
+    def _serve(fault=None, args=()):
+        env = {"SGLANG_SIM_FAULT": fault} if fault else {}
+        sim = make_sim(["--served-model-name", "glm-5", *args], env=env)
+        sim.wait_log("The server is fired up and ready to roll", timeout=30)
+        return sim
+
+    return _serve
+
+
+# ---------------------------------------------------------------- sglang_server_smoke
+
+
+def test_smoke_passes_on_a_healthy_engine(serve, run_module):
+    sim = serve()
+    result, failed = run_module("sglang_server_smoke", smoke_args(sim))
+    assert not failed, result
+    assert result["ok"] is True and result["failures"] == []
+    assert result["health_status"] == 200 and result["models"] == ["glm-5"]
+    (prompt,) = result["prompts"]
+    assert prompt["ok"] and "Paris" in prompt["answer"] and prompt["tokens"] > 0 and prompt["tokens_per_s"] > 1
+    assert result["simulator"] is True and result["engine_version"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "problem"),
+    [("wrong-answer", "answer does not match /(?i)\\bparis\\b/"), ("nan-output", "answer looks like garbage")],
+)
+def test_smoke_fails_on_a_broken_engine_that_is_up(serve, run_module, fault, problem):
+    sim = serve(fault)
+    result, failed = run_module("sglang_server_smoke", smoke_args(sim))
+    assert failed and result["ok"] is False
+    assert result["health_status"] == 200  # up and "healthy": only the generation shows the fault
+    assert result["msg"].startswith("health by generation failed: prompt 'What is the capital of France?")
+    assert problem in result["msg"]
+    assert result["prompts"][0]["ok"] is False
+
+
+def test_smoke_fails_below_the_speed_floor(serve, run_module):
+    sim = serve()
+    result, failed = run_module("sglang_server_smoke", smoke_args(sim, min_tokens_per_s=1_000_000))
+    assert failed and "tokens/s is below the floor of 1000000" in result["msg"]
+
+
+def test_smoke_reads_the_api_key_from_the_secrets_file_and_never_prints_it(serve, run_module, tmp_path):
+    sim = serve(args=("--api-key", KEY))
+    result, failed = run_module("sglang_server_smoke", smoke_args(sim))
+    assert failed and "/v1/models answered 401 (API key refused)" in result["msg"]
+    secrets = tmp_path / "secrets.env"
+    secrets.write_text('SGLANG_SERVER_API_KEY="unit-Key-00017 #x"\nHF_TOKEN="hf_x"\n')
+    result, failed = run_module("sglang_server_smoke", smoke_args(sim, secrets_file=str(secrets)))
+    assert not failed, result
+    assert result["models"] == ["glm-5"] and result["prompts"][0]["ok"]
+    assert KEY not in json.dumps(result)
+
+
+def test_smoke_when_nothing_listens(run_module):
+    args = {"base_url": "http://127.0.0.1:9", "served_name": "glm-5", "prompts": [{"prompt": "hi"}], "timeout": 2}
+    result, failed = run_module("sglang_server_smoke", args)
+    assert failed and "/health answered nothing (expected 200)" in result["msg"]
+    assert "/v1/models answered nothing" in result["msg"]
+
+
+def test_read_env_file_unescapes_systemd_values(tmp_path):
+    import sglang_server_smoke as smoke
+
+    f = tmp_path / "secrets.env"
+    f.write_text('# comment\nSGLANG_SERVER_API_KEY="a\\"b\\\\c $x"\nBROKEN=unquoted\nHF_TOKEN=""\n')
+    assert smoke.read_env_file(str(f)) == {"SGLANG_SERVER_API_KEY": 'a"b\\c $x', "HF_TOKEN": ""}
+    assert smoke.read_env_file(str(tmp_path / "missing")) == {}
+    assert smoke.read_env_file("") == {}
+
+
+@pytest.mark.parametrize(
+    ("answer", "problems"),
+    [
+        ("The capital of France is Paris.", []),
+        ("The capital of France is Berlin.", ["answer does not match /(?i)\\bparis\\b/"]),
+        ("Paris " + "!" * 12, ["answer looks like garbage (matches /!{6,}/)"]),
+        ("Paris NaN NaN", ["answer looks like garbage (matches /\\bNaN\\b/)"]),
+        ("Paris " + "the " * 9, ["answer looks like garbage (matches /\\b(\\w+)(\\s+\\1\\b){7,}/)"]),
+        ("", ["answer does not match /(?i)\\bparis\\b/", "empty answer"]),
+    ],
+)
+def test_check_answer(answer, problems):
+    import sglang_server_smoke as smoke
+
+    assert smoke.check_answer(answer, "(?i)\\bparis\\b", DEFAULTS["sglang_server_garbage_patterns"]) == problems
+
+
+# ---------------------------------------------------------------- sglang_server_engine_help
+
+
+@pytest.fixture
+def sim_on_path(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(SIM_SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def test_engine_help_lists_the_engine_options_and_caches_them(run_module, tmp_path, sim_on_path):
+    args = {"python": sys.executable, "module": "sglang_sim.launch_server", "cache_dir": str(tmp_path / "c")}
+    first, failed = run_module("sglang_server_engine_help", args)
+    assert not failed, first
+    assert first["cached"] is False and first["changed"] is False
+    assert {"--tp-size", "--model-path", "--disable-custom-all-reduce", "--api-key"} <= set(first["options"])
+    assert "--nsa-decode-backen" not in first["options"]
+    assert len(list((tmp_path / "c").iterdir())) == 1
+    again, failed = run_module("sglang_server_engine_help", args)
+    assert not failed and again["cached"] is True and again["options"] == first["options"]
+
+
+def test_engine_help_check_mode_writes_no_cache(run_module, tmp_path, sim_on_path):
+    args = {"python": sys.executable, "module": "sglang_sim.launch_server", "cache_dir": str(tmp_path / "c"),
+            "_ansible_check_mode": True}  # fmt: skip
+    result, failed = run_module("sglang_server_engine_help", args)
+    assert not failed and "--tp-size" in result["options"]
+    assert not (tmp_path / "c").exists()
+
+
+def test_engine_help_refuses_a_release_without_the_engine(run_module, tmp_path):
+    args = {"python": sys.executable, "module": "no_such_engine.launch_server", "cache_dir": str(tmp_path)}
+    result, failed = run_module("sglang_server_engine_help", args)
+    assert failed and "the engine is not installed in this release?" in result["msg"]
+    assert "No module named 'no_such_engine'" in result["msg"]
+    assert list(tmp_path.iterdir()) == []  # a failure is not cached
+    args["python"] = str(tmp_path / "bin" / "python")
+    result, failed = run_module("sglang_server_engine_help", args)
+    assert failed and result["msg"] == f"the engine's Python {tmp_path}/bin/python does not exist or is not executable"
