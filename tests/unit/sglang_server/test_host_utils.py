@@ -36,6 +36,7 @@ def fake_proc(root, pid, cgroup: str, state="S", cmdline=b"python3\0-m\0x\0"):
     d.mkdir(parents=True)
     (d / "cgroup").write_text(cgroup)
     (d / "stat").write_text(f"{pid} (python3) {state} 1 {pid} {pid} 0 -1 4194560 0 0")
+    (d / "status").write_text(f"Name:\tpython3\nState:\t{state} (sleeping)\nPid:\t{pid}\nUid:\t0\t0\t0\t0\n")
     (d / "cmdline").write_bytes(cmdline)
     return d
 
@@ -189,7 +190,7 @@ def test_classify_splits_ours_foreign_and_leaked(tmp_path):
     text = h.describe_processes(foreign)
     assert text == (
         "pid 777 (sglang::scheduler_TP1, GPUs 1, 50000 MiB, process gone: leaked allocation); "
-        "pid 900 (python3, GPUs 1, 2000 MiB, unit session-4.scope)"
+        "pid 900 (python3, user root, command `python3 train.py`, GPUs 1, 2000 MiB, unit session-4.scope)"
     )
 
 
@@ -198,7 +199,7 @@ def test_describe_merges_one_pid_over_several_gpus():
         {"pid": 1939, "gpu_index": 1, "used_memory_mib": 41478, "name": "python3", "alive": True, "unit": None},
         {"pid": 1939, "gpu_index": 0, "used_memory_mib": 41478, "name": "python3", "alive": True, "unit": None},
     ]
-    assert h.describe_processes(items) == "pid 1939 (python3, GPUs 0,1, 82956 MiB, unit none)"
+    assert h.describe_processes(items) == "pid 1939 (python3, user unknown, GPUs 0,1, 82956 MiB, unit none)"
 
 
 def test_not_released_message_names_the_holders():

@@ -117,7 +117,7 @@ def test_read_env_file_unescapes_systemd_values(tmp_path):
 def test_check_answer(answer, problems):
     import sglang_server_smoke as smoke
 
-    assert smoke.check_answer(answer, "(?i)\\bparis\\b", DEFAULTS["sglang_server_garbage_patterns"]) == problems
+    assert smoke.check_answer(answer, "(?i)\\bparis\\b", DEFAULTS["sglang_server_garbage_patterns"])[0] == problems
 
 
 # ---------------------------------------------------------------- sglang_server_engine_help
