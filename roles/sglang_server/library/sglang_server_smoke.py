@@ -8,7 +8,7 @@ import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_server_host import http, journal_lines
+from ansible.module_utils.sglang_server_host import http, journal_lines, read_env_file
 
 DOCUMENTATION = r"""
 module: sglang_server_smoke
@@ -145,23 +145,6 @@ seconds:
   returned: always
   type: float
 """
-
-
-def read_env_file(path):
-    """KEY="value" lines of a systemd EnvironmentFile written by the role (backslash escapes)."""
-    values = {}
-    if not path:
-        return values
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return values
-    for line in lines:
-        m = re.match(r'^([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"\s*$', line)
-        if m:
-            values[m.group(1)] = re.sub(r"\\(.)", r"\1", m.group(2))
-    return values
 
 
 THINK_START, THINK_END = "<think>", "</think>"

@@ -94,7 +94,7 @@ def test_smoke_when_nothing_listens(run_module):
 
 
 def test_read_env_file_unescapes_systemd_values(tmp_path):
-    import sglang_server_smoke as smoke
+    import sglang_server_smoke as smoke  # the smoke module reads the key with module_utils' reader
 
     f = tmp_path / "secrets.env"
     f.write_text('# comment\nSGLANG_SERVER_API_KEY="a\\"b\\\\c $x"\nBROKEN=unquoted\nHF_TOKEN=""\n')
