@@ -21,6 +21,7 @@ from pathlib import Path
 import jinja2
 import pytest
 from conftest import ROOT, lab, lab_json
+from lab_host import on
 
 sys.path.insert(0, str(ROOT / "roles" / "sglang_server" / "filter_plugins"))
 import sglang_server as filters  # noqa: E402
@@ -78,19 +79,6 @@ def render(template: str, **extra) -> str:
     env = jinja2.Environment(keep_trailing_newline=True)
     env.filters.update(filters.FilterModule().filters())
     return env.from_string((ROLE / "templates" / template).read_text()).render({**VARS, **extra})
-
-
-def on(host: dict, script: str, stdin: str | None = None, check: bool = True) -> str:
-    proc = subprocess.run(
-        ["nsenter", "-t", str(host["leader_pid"]), "-a", "sh", "-c", script],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if check:
-        assert proc.returncode == 0, f"{script} failed on {host['name']}: {proc.stdout}{proc.stderr}"
-    return proc.stdout
 
 
 def request(address: str, path: str, key: str | None) -> int:

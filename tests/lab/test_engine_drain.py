@@ -19,12 +19,11 @@ import sys
 import tarfile
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import jinja2
 import pytest
 from conftest import LAB_ENV, ROOT, lab, lab_json
+from lab_host import health
 
 sys.path.insert(0, str(ROOT / "roles/sglang_server/filter_plugins"))
 sys.path.insert(0, str(ROOT / "roles/sglang_server/module_utils"))
@@ -134,16 +133,6 @@ def host(inventory):
     )
     yield address
     lab("--name", NAME, "down", check=False)
-
-
-def health(address: str) -> int:
-    try:
-        with urllib.request.urlopen(f"http://{address}:8000/health", timeout=5) as resp:
-            return resp.status
-    except urllib.error.HTTPError as err:
-        return err.code
-    except OSError:
-        return 0
 
 
 def wait_healthy(address: str, timeout: float = 60) -> None:

@@ -6,12 +6,11 @@ import json
 import shutil
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, lab, lab_json
+from lab_host import health, on
 
 NAME = "t-equip"
 CAPTURES = ROOT / "tests/unit/fixtures/h200x2-vm"
@@ -41,18 +40,6 @@ def hosts(tmp_path_factory):
     lab("--name", NAME, "down", check=False)
 
 
-def on(host: dict, script: str, stdin: str | None = None) -> str:
-    proc = subprocess.run(
-        ["nsenter", "-t", str(host["leader_pid"]), "-a", "sh", "-c", script],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, f"{script} failed on {host['name']}: {proc.stdout}{proc.stderr}"
-    return proc.stdout
-
-
 def test_nvidia_smi_on_a_lab_host_is_the_simulator_of_its_profile(hosts):
     seed = hosts["rtx-pro-6000x8-vm"]
     assert "gpufleet lab simulator" in on(seed, "nvidia-smi --version")
@@ -67,16 +54,6 @@ def test_h200_profile_replays_the_real_captures_byte_for_byte(hosts):
     h200 = hosts["h200x2-vm"]
     assert on(h200, "nvidia-smi topo -m") == (CAPTURES / "topo-m.txt").read_text()
     assert on(h200, "nvidia-smi topo -mp") == (CAPTURES / "topo-mp.txt").read_text()
-
-
-def _health(address: str) -> int:
-    try:
-        with urllib.request.urlopen(f"http://{address}:8000/health", timeout=5) as resp:
-            return resp.status
-    except urllib.error.HTTPError as err:
-        return err.code
-    except OSError:
-        return 0
 
 
 def _memory_used(host: dict) -> list[int]:
@@ -100,7 +77,7 @@ def test_engine_under_systemd_with_the_seed_flags(hosts, tmp_path):
     on(seed, "systemctl start sglang-sim.service")
     seen, deadline = [], time.monotonic() + 60
     while time.monotonic() < deadline:
-        status = _health(seed["address"])
+        status = health(seed["address"])
         if not seen or seen[-1] != status:
             seen.append(status)
         if status == 200:
