@@ -8,15 +8,17 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 export HF_HUB_OFFLINE := 1
 
 HOSTS ?= 2
+# Gateway hosts (the router, group fleet_routers) of the lab.
+ROUTERS ?= 1
 PROFILE ?= rtx-pro-6000x8-vm
 LAB ?= gpufleet
 SUBNET ?=
 SCENARIO ?=
 # Molecule scenarios run at once (empty: tools/run_molecule.py picks two per core, at most 6).
 MOLECULE_JOBS ?=
-LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
+LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --routers $(ROUTERS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
 
-.PHONY: real-engine help setup apt venv collections deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-tests molecule bench-lab real-kernel
+.PHONY: router-wheelhouse real-engine help setup apt venv collections deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-tests molecule bench-lab real-kernel
 
 help:
 	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
@@ -42,7 +44,7 @@ venv:
 collections: venv
 	.venv/bin/python tools/install_collections.py
 
-deploy: setup lab-up lab-cuda-mirror lab-testhub lab-wheelhouse
+deploy: setup lab-up lab-cuda-mirror lab-testhub lab-wheelhouse router-wheelhouse
 	ansible-playbook deploy.yml
 
 lab-up: setup
@@ -59,6 +61,11 @@ lab-testhub:
 # The lab's ml-env wheelhouse on the controller (simulated engine wheel, uv, small wheels) for ml_env.
 lab-wheelhouse:
 	.venv/bin/python locks/update_locks.py wheelhouse
+
+# The router's wheelhouse on the controller (smg and its dependencies, hashes from locks/smg/requirements.txt).
+router-wheelhouse:
+	.venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+	  --require-hashes -r locks/smg/requirements.txt -d .cache/smg/wheelhouse
 
 lab-down:
 	python -m gpufleet_lab --name $(LAB) down

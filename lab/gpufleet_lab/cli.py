@@ -19,11 +19,21 @@ PROJECT_DIR = Path(__file__).resolve().parents[2]
 DEFAULT_INVENTORY = PROJECT_DIR / "inventory" / "lab" / "hosts.yml"
 
 
-def write_inventory(path: Path, lab: Lab, instances: list[dict]) -> bool:
-    """Write the Ansible inventory of a lab; True when the file changed."""
+ROUTER_PROFILE = "none"
+
+
+def router_names(lab_name: str, count: int) -> list[str]:
+    """Names of a lab's gateway hosts (the router, group fleet_routers): <lab>-router-01, ..."""
+    return [f"{lab_name}-router-{i:02d}" for i in range(1, count + 1)]
+
+
+def write_inventory(path: Path, lab: Lab, instances: list[dict], routers: list[str] | tuple = ()) -> bool:
+    """Write the Ansible inventory of a lab; True when the file changed. Hosts named in routers form the
+    group fleet_routers (gateway hosts), the others sglang_servers."""
     import yaml  # only needed here: the rest of the tool runs on a bare system Python
 
     hosts = {i["name"]: {"ansible_host": i["address"], "gpusim_profile": i["profile"]} for i in instances}
+    servers = {name: {} for name in hosts if name not in routers}
     doc = {
         "all": {
             "children": {
@@ -37,7 +47,8 @@ def write_inventory(path: Path, lab: Lab, instances: list[dict]) -> bool:
                         "gpufleet_lab_name": lab.name,
                     },
                 },
-                "sglang_servers": {"hosts": {name: {} for name in hosts}},
+                "sglang_servers": {"hosts": servers},
+                **({"fleet_routers": {"hosts": {name: {} for name in hosts if name in routers}}} if routers else {}),
             }
         }
     }
@@ -64,6 +75,12 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="bring the lab to HOSTS running hosts (idempotent)")
     up.add_argument("--hosts", type=int, default=2)
+    up.add_argument(
+        "--routers",
+        type=int,
+        default=0,
+        help="gateway hosts for the router (group fleet_routers, GPU profile none), named <lab>-router-NN",
+    )
     up.add_argument(
         "--subnet", default=None, help="private /24 for the lab (default: 10.123.0.0/24 for the default lab)"
     )
@@ -119,21 +136,29 @@ def main(argv: list[str] | None = None) -> int:
                 check_profile(profile)
             if args.hosts < 1:
                 raise LabError("--hosts must be at least 1")
+            if args.routers < 0:
+                raise LabError("--routers must be 0 or more")
             started = time.monotonic()
-            result = lab.up(
-                LabSpec(
+            spec = LabSpec(args.name, args.hosts, args.subnet, profiles, args.mirror)
+            routers = router_names(lab.name, args.routers)
+            if args.routers:
+                # Servers first (their profiles as asked), then the gateway hosts (no GPU).
+                servers = args.host_names.split(",") if args.host_names else lab.host_names(args.hosts)
+                spec = LabSpec(
                     args.name,
-                    args.hosts,
+                    args.hosts + args.routers,
                     args.subnet,
-                    profiles,
+                    [spec.profile_for(i) for i in range(1, args.hosts + 1)] + [ROUTER_PROFILE] * args.routers,
                     args.mirror,
-                    args.host_names.split(",") if args.host_names else None,
+                    servers + routers,
                 )
-            )
+            elif args.host_names:
+                spec.host_names = args.host_names.split(",")
+            result = lab.up(spec)
             inventory = _inventory_path(args)
             if inventory is not None:
                 result["inventory"] = str(inventory)
-                result["changed"] |= write_inventory(inventory, lab, result["hosts"])
+                result["changed"] |= write_inventory(inventory, lab, result["hosts"], routers)
             result["seconds"] = round(time.monotonic() - started, 2)
             if args.json:
                 print(json.dumps(result, indent=2))

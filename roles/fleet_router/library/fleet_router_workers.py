@@ -1,0 +1,149 @@
+#!/usr/bin/python
+"""Register workers with the Shepherd Model Gateway (smg) or remove them, through its REST worker API."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: fleet_router_workers
+short_description: Add, remove or list the workers of a Shepherd Model Gateway (smg) router
+description:
+  - Talks to the router's worker-management API (smg 1.13.0 C(GET|POST /workers), C(DELETE /workers/<uuid>))
+    with a control-plane key (C(Authorization: Bearer)).
+  - C(POST /workers) answers 202 and registers the worker in the background only once the worker answers;
+    C(DELETE) is asynchronous too. The module waits (bounded by I(wait_timeout)) until the router's list
+    shows the wanted state, so a worker added here is healthy in the router when the module returns.
+  - Run it on the gateway host (the router API is reached on I(api_url), usually 127.0.0.1).
+options:
+  api_url: {type: str, default: "http://127.0.0.1:30000", description: Router base URL.}
+  api_key: {type: str, required: true, no_log: true, description: Control-plane key (admin role).}
+  state:
+    type: str
+    choices: [present, absent, query]
+    default: query
+    description: present adds I(urls) and waits until healthy; absent removes them and waits until gone.
+  urls: {type: list, elements: str, default: [], description: Worker URLs (http://host:port).}
+  exclusive: {type: bool, default: false, description: With present, remove every other worker.}
+  wait_timeout: {type: int, default: 120, description: Seconds to wait for the router to show the state.}
+  http_timeout: {type: int, default: 10, description: Seconds per API call.}
+"""
+
+RETURN = r"""
+workers: {type: list, description: The router's workers at the end (id, url, model_id, is_healthy, status).}
+added: {type: list, description: URLs added.}
+removed: {type: list, description: URLs removed (with their worker id).}
+"""
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def norm(url: str) -> str:
+    return url.rstrip("/")
+
+
+class Router:
+    def __init__(self, base: str, key: str, timeout: int):
+        self.base, self.key, self.timeout = norm(base), key, timeout
+
+    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self.key}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+                return resp.status, json.loads(raw) if raw else {}
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                return exc.code, json.loads(raw)
+            except ValueError:
+                return exc.code, {"error": raw.decode(errors="replace")[:300]}
+
+    def workers(self) -> list[dict]:
+        status, body = self.call("GET", "/workers")
+        if status == 401:
+            raise RuntimeError("the router refused the control-plane key (401): check fleet_router_control_plane_api_key")
+        if status != 200:
+            raise RuntimeError(f"GET /workers answered {status}: {body}")
+        return [
+            {k: w.get(k) for k in ("id", "url", "model_id", "is_healthy", "status")}
+            for w in body.get("workers", [])
+        ]
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "api_url": {"type": "str", "default": "http://127.0.0.1:30000"},
+            "api_key": {"type": "str", "required": True, "no_log": True},
+            "state": {"type": "str", "choices": ["present", "absent", "query"], "default": "query"},
+            "urls": {"type": "list", "elements": "str", "default": []},
+            "exclusive": {"type": "bool", "default": False},
+            "wait_timeout": {"type": "int", "default": 120},
+            "http_timeout": {"type": "int", "default": 10},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    router = Router(p["api_url"], p["api_key"], p["http_timeout"])
+    wanted = [norm(u) for u in p["urls"]]
+    try:
+        current = router.workers()
+    except (OSError, RuntimeError) as exc:
+        module.fail_json(msg=f"router API at {p['api_url']} not usable: {exc}")
+    by_url = {norm(w["url"]): w for w in current}
+    added, removed = [], []
+    if p["state"] == "present":
+        added = [u for u in wanted if u not in by_url]
+        if p["exclusive"]:
+            removed = [{"url": u, "id": w["id"]} for u, w in by_url.items() if u not in wanted]
+    elif p["state"] == "absent":
+        removed = [{"url": u, "id": by_url[u]["id"]} for u in wanted if u in by_url]
+    changed = bool(added or removed)
+    if module.check_mode or p["state"] == "query":
+        module.exit_json(changed=changed, workers=current, added=added, removed=removed)
+
+    for url in added:
+        status, body = router.call("POST", "/workers", {"url": url})
+        if status not in (200, 201, 202):
+            module.fail_json(msg=f"POST /workers {url} answered {status}: {body}", workers=current)
+    for item in removed:
+        status, body = router.call("DELETE", f"/workers/{item['id']}")
+        if status not in (200, 202, 204, 404):
+            module.fail_json(msg=f"DELETE /workers/{item['id']} ({item['url']}) answered {status}: {body}")
+
+    gone = {i["url"] for i in removed}
+    need_healthy = set(wanted) if p["state"] == "present" else set()
+    deadline = time.monotonic() + p["wait_timeout"]
+    while True:
+        workers = router.workers()
+        urls = {norm(w["url"]): w for w in workers}
+        missing = sorted(u for u in need_healthy if not (u in urls and urls[u].get("is_healthy")))
+        lingering = sorted(u for u in gone if u in urls)
+        if not missing and not lingering:
+            break
+        if time.monotonic() > deadline:
+            module.fail_json(
+                msg=(
+                    f"router at {p['api_url']} after {p['wait_timeout']} s: "
+                    + (f"not healthy in its list: {', '.join(missing)} (the router adds a worker only once it "
+                       "answers; is the server up and reachable from the gateway host?) " if missing else "")
+                    + (f"still listed after DELETE: {', '.join(lingering)}" if lingering else "")
+                ),
+                workers=workers,
+                added=added,
+                removed=removed,
+            )
+        time.sleep(0.5)
+    module.exit_json(changed=changed, workers=workers, added=added, removed=removed)
+
+
+if __name__ == "__main__":
+    main()
