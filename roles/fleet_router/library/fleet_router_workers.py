@@ -3,6 +3,13 @@
 
 from __future__ import annotations
 
+import json
+import time
+import urllib.error
+import urllib.request
+
+from ansible.module_utils.basic import AnsibleModule
+
 DOCUMENTATION = r"""
 module: fleet_router_workers
 short_description: Add, remove or list the workers of a Shepherd Model Gateway (smg) router
@@ -33,13 +40,6 @@ added: {type: list, description: URLs added.}
 removed: {type: list, description: URLs removed (with their worker id).}
 """
 
-import json
-import time
-import urllib.error
-import urllib.request
-
-from ansible.module_utils.basic import AnsibleModule
-
 
 def norm(url: str) -> str:
     return url.rstrip("/")
@@ -69,7 +69,7 @@ class Router:
     def workers(self) -> list[dict]:
         status, body = self.call("GET", "/workers")
         if status == 401:
-            raise RuntimeError("the router refused the control-plane key (401): check fleet_router_control_plane_api_key")
+            raise RuntimeError("the router refused the control-plane key (401): check the router key variable")
         if status != 200:
             raise RuntimeError(f"GET /workers answered {status}: {body}")
         return [

@@ -4,6 +4,12 @@ its owner and age when another run finds it, broken only when asked."""
 
 from __future__ import annotations
 
+import json
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
 DOCUMENTATION = r"""
 module: fleet_lock
 short_description: Take, release or read a run lock file on the managed host
@@ -27,12 +33,6 @@ lock: {type: dict, description: The lock's content after the call (empty when th
 broken: {type: dict, description: The lock that was broken (break_lock), else empty.}
 age_s: {type: float, description: Age of the lock found, in seconds.}
 """
-
-import json
-import os
-import time
-
-from ansible.module_utils.basic import AnsibleModule
 
 
 def read(path: str) -> dict:

@@ -1,0 +1,93 @@
+"""Filters of the rollout role (playbooks/rollout.yml): the batch plan of a
+rolling deploy (Ansible's own `serial` arithmetic) and the capacity guard (disruption budget)."""
+
+from __future__ import annotations
+
+
+def _pct_to_int(value, total: int) -> int:
+    """ansible.utils.helpers.pct_to_int, as the playbook executor uses it for `serial`."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        return int((int(value.strip()[:-1]) / 100.0) * total) or 1
+    return int(value)
+
+
+def rollout_batches(hosts: list, serial) -> list[list]:
+    """The batches Ansible makes from `serial` (PlaybookExecutor._get_serialized_batches): each item is a
+    count or a percentage of all hosts, the last item repeats, a value <= 0 takes every remaining host."""
+    items = serial if isinstance(serial, list) else [serial]
+    items = items or [-1]
+    remaining, total, batches, index = list(hosts), len(hosts), [], 0
+    while remaining:
+        size = _pct_to_int(items[index], total)
+        if size <= 0:
+            batches.append(remaining)
+            break
+        batches.append(remaining[:size])
+        remaining = remaining[size:]
+        index = min(index + 1, len(items) - 1)
+    return batches
+
+
+def rollout_worker_models(hosts: list, hostvars) -> dict:
+    """{host: model} for the capacity guard: rollout_model of the host, else the served-model-name of its
+    sglang_server_args_model, else "default"."""
+    models = {}
+    for host in hosts:
+        hv = hostvars[host]
+        model = hv.get("rollout_model") or (hv.get("sglang_server_args_model") or {}).get("served-model-name")
+        models[host] = str(model or "default")
+    return models
+
+
+def rollout_hostvar(hosts: list, hostvars, name: str, default=None) -> dict:
+    """{host: hostvars[host][name]} with a default for hosts that lack it (an unreachable host never set it)."""
+    return {h: hostvars[h].get(name, default) if h in hostvars else default for h in hosts}
+
+
+def _max_unavailable(value, total: int) -> int:
+    if isinstance(value, str) and value.strip().endswith("%"):
+        return max(1, int(int(value.strip()[:-1]) / 100.0 * total))
+    return int(value)
+
+
+def rollout_capacity_problems(batches: list, models: dict, in_router: list, max_unavailable) -> list[str]:
+    """Problems of a batch plan against the disruption budget, one sentence each (empty: the plan is safe).
+
+    batches: the planned batches (host names); models: {host: model} for every worker of the fleet (also
+    hosts outside this run); in_router: hosts healthy in the router now; max_unavailable: a count or a
+    percentage of a model's workers. During a batch a model's unavailable workers are those not healthy in
+    the router now plus the batch's hosts; they must stay <= max_unavailable, and at least one healthy
+    worker of the model must stay in the router."""
+    problems = []
+    by_model: dict[str, list] = {}
+    for host, model in models.items():
+        by_model.setdefault(model, []).append(host)
+    healthy = set(in_router)
+    for number, batch in enumerate(batches, start=1):
+        for model, workers in sorted(by_model.items()):
+            budget = _max_unavailable(max_unavailable, len(workers))
+            out = {h for h in workers if h not in healthy} | {h for h in batch if models.get(h) == model}
+            left = [h for h in workers if h not in out]
+            if not left:
+                problems.append(
+                    f"batch {number} ({', '.join(batch)}) would take the last healthy worker of model {model!r} "
+                    f"out of the router (workers: {', '.join(workers)}; healthy in the router now: "
+                    f"{', '.join(sorted(healthy & set(workers))) or 'none'})"
+                )
+            elif len(out) > budget:
+                problems.append(
+                    f"batch {number} ({', '.join(batch)}) would have {len(out)} workers of model {model!r} out of "
+                    f"the router ({', '.join(sorted(out))}), more than rollout_max_unavailable={max_unavailable} "
+                    f"({budget} of {len(workers)})"
+                )
+    return problems
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "rollout_batches": rollout_batches,
+            "rollout_capacity_problems": rollout_capacity_problems,
+            "rollout_worker_models": rollout_worker_models,
+            "rollout_hostvar": rollout_hostvar,
+        }
