@@ -1,0 +1,287 @@
+"""Rolling deploys behind the real router (issue 15), on ONE lab: 4 server hosts + 1 gateway host running the
+Shepherd Model Gateway (smg 1.13.0, roles/fleet_router), the simulated engine on the servers.
+
+In order, on the same lab (one bring-up):
+1. a plan that would take the last healthy worker of the model out of the router is refused before any change;
+2. a full rollout of a flag change under a continuous load through the router (streaming and non-streaming,
+   long requests in flight when each worker leaves the router) sees zero failed requests; a second rollout
+   started meanwhile is refused with the first one's lock owner; each host restarted exactly once; the
+   router lists the four workers at the end;
+3. a rollout of another flag change with a start fault on the third host stops at that batch: the host is
+   rolled back and out of the router, the fourth is untouched (same unit, same start), the first two keep
+   the new flag; exit status and report say so.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, lab, lab_json
+from lab_host import on
+
+sys.path.insert(0, str(ROOT / "tests/support"))
+from gpufleet_testinfra import run_playbook  # noqa: E402
+
+NAME = "t-rollout"
+KEY = "gpufleet-lab-router-key-not-a-secret"  # the lab's router key (inventory/lab/group_vars)
+ROUTER_PORT = 30000
+WORK = ROOT / "tmp" / NAME  # two levels under the project: the lab group_vars' inventory_dir paths resolve
+SERVERS = [f"{NAME}-0{i}" for i in range(1, 5)]
+GATEWAY = f"{NAME}-router-01"
+
+
+def playbook_env() -> dict:
+    return dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
+        ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"),
+        ANSIBLE_HOST_KEY_CHECKING="False",
+        ANSIBLE_NOCOLOR="1",
+        MOLECULE_EPHEMERAL_DIRECTORY=str(WORK / "eph"),
+        GPUFLEET_ROOT=str(ROOT),
+    )
+
+
+def play(playbook: str, *args: str, extra: dict | None = None, timeout: int = 600):
+    proc = run_playbook(
+        playbook, *args, extra_vars=extra, inventory=WORK / "hosts.yml", env=playbook_env(), log_dir=WORK,
+        timeout=timeout,
+    )  # fmt: skip
+    (WORK / f"{Path(playbook).stem}-{time.monotonic_ns()}.log").write_text(proc.stdout + proc.stderr)
+    return proc
+
+
+def common_extra(**more) -> dict:
+    return {
+        "sglang_server_report_dir": str(WORK / "reports/deploy"),
+        "rollout_deploy_report_dir": str(WORK / "reports/deploy"),
+        "rollout_report_dir": str(WORK / "reports/rollout"),
+        **more,
+    }
+
+
+def router_workers(address: str) -> list[dict]:
+    conn = http.client.HTTPConnection(address, ROUTER_PORT, timeout=10)
+    conn.request("GET", "/workers", headers={"Authorization": f"Bearer {KEY}"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    return json.loads(resp.read())["workers"]
+
+
+def unit_state(host: dict) -> dict:
+    out = on(host, "sha256sum /etc/systemd/system/sglang-server.service | cut -c1-64; "
+                   "systemctl show -p ExecMainStartTimestampMonotonic --value sglang-server")  # fmt: skip
+    sha, start = out.split()
+    return {"sha": sha, "start": start}
+
+
+def unit_text(host: dict) -> str:
+    return on(host, "cat /etc/systemd/system/sglang-server.service")
+
+
+def lock_files(hosts: dict) -> dict:
+    return {name: on(h, "ls /var/lib/gpufleet/locks 2>/dev/null || true").split() for name, h in hosts.items()}
+
+
+class Load:
+    """Continuous requests through the router: non-streaming short chat/completions and streaming long
+    generations (several seconds each, so some are in flight when a worker leaves the router)."""
+
+    def __init__(self, address: str, workers: int = 12, limit_s: float = 420, limit_count: int = 5000):
+        self.address, self.workers = address, workers
+        self.deadline = time.monotonic() + limit_s
+        self.limit_count = limit_count
+        self.stop = threading.Event()
+        self.ok = {"stream": 0, "plain": 0}
+        self.failures: list[str] = []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(workers)]
+
+    def _one(self, index: int, n: int) -> None:
+        stream = index % 3 != 0
+        body = {
+            "model": "glm-5",
+            "messages": [{"role": "user", "content": f"load {index}-{n}: tell me about rolling deploys"}],
+            "max_tokens": 600 if stream else 24,
+            "ignore_eos": stream,
+            "stream": stream,
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+        conn = http.client.HTTPConnection(self.address, ROUTER_PORT, timeout=60)
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read().decode(errors="replace")
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {data[:200]}")
+        if stream:
+            events = [line[6:] for line in data.splitlines() if line.startswith("data: ")]
+            chunks = [json.loads(e) for e in events[:-1]]
+            reasons = [c["choices"][0].get("finish_reason") for c in chunks if c.get("choices")]
+            if events[-1:] != ["[DONE]"] or not any(reasons) or len(reasons) < 100:
+                raise RuntimeError(f"stream cut or short ({len(reasons)} chunks): {data[-200:]}")
+        elif json.loads(data)["choices"][0]["message"]["content"] is None:
+            raise RuntimeError(f"no content: {data[:200]}")
+        with self.lock:
+            self.ok["stream" if stream else "plain"] += 1
+
+    def _run(self, index: int) -> None:
+        n = 0
+        while not self.stop.is_set() and time.monotonic() < self.deadline:
+            with self.lock:
+                if sum(self.ok.values()) + len(self.failures) >= self.limit_count:
+                    return
+            n += 1
+            try:
+                self._one(index, n)
+            except Exception as exc:  # every failure counts, whatever its kind
+                with self.lock:
+                    self.failures.append(f"worker {index} request {n}: {exc!r}")
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=90)
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    lab("--name", NAME, "down", check=False)
+    WORK.mkdir(parents=True, exist_ok=True)
+    (WORK / "host_vars").mkdir(exist_ok=True)
+    for stale in (WORK / "host_vars").glob("*.yml"):
+        stale.unlink()
+    link = WORK / "group_vars"
+    if not link.is_symlink():
+        link.symlink_to(ROOT / "inventory/lab/group_vars")
+    subprocess.run(["make", "-s", "router-wheelhouse"], cwd=ROOT, check=True, timeout=300)
+    try:
+        up = lab_json("--name", NAME, "up", "--hosts", "4", "--routers", "1", "--inventory", str(WORK / "hosts.yml"))
+        hosts = {h["name"]: h for h in up["hosts"]}
+        prep = play("roles/sglang_server/molecule/shared/prepare.yml", "-l", "sglang_servers:localhost")
+        assert prep.returncode == 0, prep.stdout[-3000:]
+        deploy = play("playbooks/deploy_server.yml", extra=common_extra(sglang_server_serial=4))
+        assert deploy.returncode == 0, deploy.stdout[-3000:]
+        router = play("playbooks/router.yml")
+        assert router.returncode == 0, router.stdout[-3000:]
+        yield hosts
+    finally:
+        if not os.environ.get("GPUFLEET_KEEP_LAB"):
+            lab("--name", NAME, "down", check=False)
+
+
+def test_router_serves_the_fleet_and_keeps_its_key_out_of_argv(fleet):
+    gw = fleet[GATEWAY]
+    urls = sorted(w["url"] for w in router_workers(gw["address"]) if w["is_healthy"])
+    assert urls == sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+    # The worker API refuses a caller without the key; the key is in no argv, unit or systemd property.
+    conn = http.client.HTTPConnection(gw["address"], ROUTER_PORT, timeout=10)
+    conn.request("GET", "/workers")
+    assert conn.getresponse().status == 401
+    seen = on(gw, "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; cat /etc/systemd/system/smg-router.service; "
+                  "systemctl show smg-router; journalctl -u smg-router --no-pager")  # fmt: skip
+    assert KEY not in seen
+    assert on(gw, "stat -c '%a %U' /etc/smg-router/secrets.env").split() == ["600", "root"]
+
+
+def test_plan_taking_the_last_healthy_worker_is_refused_before_any_change(fleet):
+    before = {h: unit_state(fleet[h]) for h in SERVERS}
+    workers_before = router_workers(fleet[GATEWAY]["address"])
+    proc = play("playbooks/rollout.yml", extra=common_extra(
+        rollout_serial=["100%"], rollout_max_unavailable=4, sglang_server_args_host={"chunked-prefill-size": 2048},
+    ))  # fmt: skip
+    assert proc.returncode != 0
+    assert "ROLLOUT REFUSED before any change" in proc.stdout
+    assert "would take the last healthy worker of model 'glm-5'" in proc.stdout
+    assert {h: unit_state(fleet[h]) for h in SERVERS} == before
+    assert router_workers(fleet[GATEWAY]["address"]) == workers_before
+    assert all(not files for files in lock_files(fleet).values())
+
+
+def test_rollout_under_load_has_zero_failed_requests_and_a_second_rollout_is_refused(fleet):
+    gw = fleet[GATEWAY]
+    before = {h: unit_state(fleet[h]) for h in SERVERS}
+    t0 = on(fleet[SERVERS[0]], "date +%s").strip()
+    extra = common_extra(
+        rollout_serial=[1, "100%"], rollout_max_unavailable=3, sglang_server_args_host={"chunked-prefill-size": 4096}
+    )
+    vars_file = WORK / "rollout-a.json"
+    vars_file.write_text(json.dumps(extra))
+    argv = ["ansible-playbook", "-i", str(WORK / "hosts.yml"), "-e", f"@{vars_file}", "playbooks/rollout.yml"]
+    with Load(gw["address"]) as load:
+        time.sleep(3)  # the load is running through the router before the first worker leaves it
+        first = subprocess.Popen(argv, cwd=ROOT, env=playbook_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)  # fmt: skip
+        deadline = time.monotonic() + 120
+        while "rollout-fleet.lock" not in on(gw, "ls /var/lib/gpufleet/locks 2>/dev/null || true"):
+            assert first.poll() is None and time.monotonic() < deadline, "the first rollout never took its lock"
+            time.sleep(0.5)
+        holder = json.loads(on(gw, "cat /var/lib/gpufleet/locks/rollout-fleet.lock"))
+        second = play("playbooks/rollout.yml", extra=common_extra(sglang_server_args_host={"chunked-prefill-size": 1}))
+        out, _ = first.communicate(timeout=540)
+        (WORK / "rollout-a.log").write_text(out)
+    assert second.returncode != 0
+    assert "LOCKED" in second.stdout and holder["run_id"] in second.stdout, second.stdout[-2000:]
+    assert first.returncode == 0, out[-4000:]
+    assert "ROLLOUT OK" in out
+    # Zero failed requests, both kinds, a real amount.
+    assert load.failures == [], load.failures[:5]
+    assert load.ok["stream"] >= 8 and load.ok["plain"] >= 20, load.ok
+    report = json.loads((WORK / "reports/rollout/last.json").read_text())
+    assert report["result"] == "ok" and set(report["hosts"].values()) == {"updated"}
+    # Long requests were in flight at each worker's removal from the router (and none failed).
+    assert all(report["drain"][h]["in_flight_at_removal"] >= 1 for h in SERVERS), report["drain"]
+    for h in SERVERS:
+        assert unit_state(fleet[h])["start"] != before[h]["start"]
+        assert "--chunked-prefill-size 4096" in unit_text(fleet[h])
+        starts = on(fleet[h], f"journalctl -u sglang-server --since @{t0} --no-pager | grep -c 'fired up and ready'")
+        assert starts.strip() == "1", f"{h} started {starts.strip()} times"
+    urls = sorted(w["url"] for w in router_workers(gw["address"]) if w["is_healthy"])
+    assert urls == sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+    assert all(not files for files in lock_files(fleet).values())
+
+
+def test_fault_on_the_third_host_stops_the_rollout_there(fleet):
+    gw = fleet[GATEWAY]
+    third, fourth = SERVERS[2], SERVERS[3]
+    env = yaml.safe_load((ROOT / "inventory/lab/group_vars/gpufleet_lab/sglang_server.yml").read_text())
+    fault_env = {**env["sglang_server_environment"], "SGLANG_SIM_FAULT": "crash-after-load"}
+    (WORK / "host_vars" / f"{third}.yml").write_text(yaml.safe_dump({"sglang_server_environment": fault_env}))
+    before = {h: unit_state(fleet[h]) for h in SERVERS}
+    try:
+        proc = play("playbooks/rollout.yml", extra=common_extra(
+            rollout_serial=[2, 1], sglang_server_args_host={"chunked-prefill-size": 8192},
+        ))  # fmt: skip
+    finally:
+        (WORK / "host_vars" / f"{third}.yml").unlink()
+    assert proc.returncode != 0
+    assert f"ROLLOUT STOPPED at batch 2: {third} failed" in proc.stdout, proc.stdout[-3000:]
+    report = json.loads((WORK / "reports/rollout/last.json").read_text())
+    assert report["result"] == "stopped" and report["stopped_at_batch"] == 2
+    assert report["failed_hosts"] == [third]
+    assert report["hosts"] == {SERVERS[0]: "updated", SERVERS[1]: "updated", third: "rolled_back", fourth: "untouched"}
+    # Earlier hosts keep the new version; the third runs the previous one again; the fourth is untouched.
+    for h in SERVERS[:2]:
+        assert "--chunked-prefill-size 8192" in unit_text(fleet[h])
+    third_unit = unit_text(fleet[third])
+    assert "--chunked-prefill-size 4096" in third_unit and "SGLANG_SIM_FAULT" not in third_unit
+    assert unit_state(fleet[third])["start"] != before[third]["start"]
+    assert unit_state(fleet[fourth]) == before[fourth]
+    # The router: the third is out, the others are in and healthy.
+    urls = sorted(w["url"] for w in router_workers(gw["address"]) if w["is_healthy"])
+    assert urls == sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS if h != third)
+    assert all(not files for files in lock_files(fleet).values())
