@@ -54,7 +54,8 @@ def playbook_env() -> dict:
 
 def play(playbook: str, *args: str, extra: dict | None = None, timeout: int = 600):
     proc = run_playbook(
-        playbook, *args, extra_vars=extra, inventory=WORK / "hosts.yml", env=playbook_env(), log_dir=WORK,
+        playbook, *args, extra_vars=extra, inventory=WORK / "hosts.yml", log_dir=WORK,
+        env={"MOLECULE_EPHEMERAL_DIRECTORY": str(WORK / "eph"), "GPUFLEET_ROOT": str(ROOT)},
         timeout=timeout,
     )  # fmt: skip
     (WORK / f"{Path(playbook).stem}-{time.monotonic_ns()}.log").write_text(proc.stdout + proc.stderr)

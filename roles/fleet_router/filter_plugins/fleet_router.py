@@ -12,9 +12,7 @@ def fleet_worker_url(host: str, hostvars, port) -> str:
 def fleet_worker_urls(hosts: list, hostvars, port) -> dict:
     """{host: URL} of the hosts that serve HTTP; a host with fleet_router_register: false (such as a non-zero
     rank of a multi-node server, which serves no HTTP in SGLang) is left out."""
-    return {
-        h: fleet_worker_url(h, hostvars, port) for h in hosts if hostvars[h].get("fleet_router_register", True)
-    }
+    return {h: fleet_worker_url(h, hostvars, port) for h in hosts if hostvars[h].get("fleet_router_register", True)}
 
 
 def smg_extra_argv(extra: dict) -> list[str]:

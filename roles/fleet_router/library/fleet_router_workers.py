@@ -73,8 +73,7 @@ class Router:
         if status != 200:
             raise RuntimeError(f"GET /workers answered {status}: {body}")
         return [
-            {k: w.get(k) for k in ("id", "url", "model_id", "is_healthy", "status")}
-            for w in body.get("workers", [])
+            {k: w.get(k) for k in ("id", "url", "model_id", "is_healthy", "status")} for w in body.get("workers", [])
         ]
 
 
@@ -133,8 +132,12 @@ def main() -> None:
             module.fail_json(
                 msg=(
                     f"router at {p['api_url']} after {p['wait_timeout']} s: "
-                    + (f"not healthy in its list: {', '.join(missing)} (the router adds a worker only once it "
-                       "answers; is the server up and reachable from the gateway host?) " if missing else "")
+                    + (
+                        f"not healthy in its list: {', '.join(missing)} (the router adds a worker only once it "
+                        "answers; is the server up and reachable from the gateway host?) "
+                        if missing
+                        else ""
+                    )
                     + (f"still listed after DELETE: {', '.join(lingering)}" if lingering else "")
                 ),
                 workers=workers,

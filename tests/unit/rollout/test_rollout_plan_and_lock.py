@@ -1,0 +1,132 @@
+"""The rollout's batch plan (Ansible's own serial arithmetic), its disruption budget and its run lock module."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from ansible.executor.playbook_executor import PlaybookExecutor
+from ansible.module_utils.testing import patch_module_args
+
+REPO = Path(__file__).resolve().parents[3]
+for sub in ("roles/rollout/filter_plugins", "roles/rollout/library", "roles/fleet_router/filter_plugins"):
+    sys.path.insert(0, str(REPO / sub))
+
+rollout = importlib.import_module("rollout")
+fleet_router = importlib.import_module("fleet_router")
+
+
+class _Play:
+    def __init__(self, serial):
+        self.serial, self.hosts, self.order = serial, "all", None
+
+
+class _Inventory:
+    def __init__(self, hosts):
+        self.hosts = hosts
+
+    def get_hosts(self, pattern, order=None):
+        return list(self.hosts)
+
+
+@pytest.mark.parametrize(
+    ("count", "serial"),
+    [
+        (4, [1, "25%", "100%"]),
+        (8, [1, "25%", "100%"]),
+        (2, [1, "25%", "100%"]),
+        (4, [2, 1]),
+        (5, [1, "50%"]),
+        (3, ["100%"]),
+        (7, [3]),
+        (1, [1, "25%", "100%"]),
+    ],  # fmt: skip
+)
+def test_batches_are_the_ones_ansible_makes(count, serial):
+    hosts = [f"h{i}" for i in range(count)]
+    executor = PlaybookExecutor.__new__(PlaybookExecutor)
+    executor._inventory = _Inventory(hosts)
+    assert rollout.rollout_batches(hosts, serial) == executor._get_serialized_batches(_Play(serial))
+
+
+MODELS = {"a1": "glm", "a2": "glm", "a3": "glm", "a4": "glm", "b1": "qwen"}
+
+
+def test_a_plan_within_the_budget_passes():
+    batches = rollout.rollout_batches(["a1", "a2", "a3", "a4"], [1, "25%", "100%"])
+    assert rollout.rollout_capacity_problems(batches, {k: MODELS[k] for k in MODELS if k[0] == "a"},
+                                             ["a1", "a2", "a3", "a4"], "50%") == []  # fmt: skip
+
+
+def test_the_last_healthy_worker_is_never_taken_out():
+    problems = rollout.rollout_capacity_problems([["a1", "a2", "a3", "a4", "b1"]], MODELS, list(MODELS), 5)
+    assert len(problems) == 2
+    assert "last healthy worker of model 'glm'" in problems[0]
+    assert "last healthy worker of model 'qwen'" in problems[1]
+
+
+def test_a_worker_already_out_counts_against_the_budget():
+    # a3 is not healthy in the router now: a batch of two more would leave 3 of 4 out (budget 50% = 2).
+    problems = rollout.rollout_capacity_problems([["a1"], ["a2", "a4"]], MODELS, ["a1", "a2", "a4", "b1"], "50%")
+    assert problems == [
+        "batch 2 (a2, a4) would have 3 workers of model 'glm' out of the router (a2, a3, a4), more than "
+        "rollout_max_unavailable=50% (2 of 4)"
+    ]
+
+
+def test_worker_urls_leave_out_hosts_that_serve_no_http():
+    hostvars = {"s1": {"ansible_host": "10.0.0.1"}, "s2": {"fleet_router_register": False}, "s3": {}}
+    assert fleet_router.fleet_worker_urls(["s1", "s2", "s3"], hostvars, 8000) == {
+        "s1": "http://10.0.0.1:8000",
+        "s3": "http://s3:8000",
+    }
+
+
+def test_extra_smg_flags():
+    argv = fleet_router.smg_extra_argv({"request-timeout-secs": 600, "log-json": True, "x": False, "n": ["a", "b"]})
+    assert argv == ["--request-timeout-secs", "600", "--log-json", "--n", "a", "b"]
+
+
+@pytest.fixture
+def lock(capsys):
+    mod = importlib.import_module("fleet_lock")
+
+    def _run(args: dict):
+        with patch_module_args(args), pytest.raises(SystemExit) as exc:
+            mod.main()
+        return json.loads(capsys.readouterr().out), exc.value.code != 0
+
+    return _run
+
+
+def test_a_held_lock_refuses_another_run_with_its_owner_and_age(lock, tmp_path):
+    path = str(tmp_path / "locks/rollout-fleet.lock")
+    owner = {"user": "alice", "controller": "awx-1"}
+    result, failed = lock({"path": path, "state": "acquired", "run_id": "run-1", "owner": owner})
+    assert not failed and result["changed"]
+    again, failed = lock({"path": path, "state": "acquired", "run_id": "run-1", "owner": owner})
+    assert not failed and not again["changed"]  # idempotent for its own run
+    other, failed = lock({"path": path, "state": "acquired", "run_id": "run-2", "owner": {"user": "bob"}})
+    assert failed
+    assert "held by run run-1 (controller=awx-1, user=alice)" in other["msg"]
+    assert "Another rollout is running" in other["msg"]
+    # Released only by its own run.
+    kept, _ = lock({"path": path, "state": "released", "run_id": "run-2"})
+    assert not kept["changed"] and Path(path).exists()
+    gone, _ = lock({"path": path, "state": "released", "run_id": "run-1"})
+    assert gone["changed"] and not Path(path).exists()
+
+
+def test_a_stale_lock_is_reported_and_broken_only_when_asked(lock, tmp_path):
+    path = tmp_path / "rollout-host.lock"
+    path.write_text(json.dumps({"run_id": "old", "owner": {"user": "carol"}, "acquired_at": time.time() - 7300}))
+    result, failed = lock({"path": str(path), "state": "acquired", "run_id": "new", "stale_after_s": 3600})
+    assert failed and "STALE" in result["msg"] and "age 7300 s" in result["msg"]
+    assert "rollout_lock_break=true" in result["msg"]
+    result, failed = lock({"path": str(path), "state": "acquired", "run_id": "new", "break_lock": True})
+    assert not failed and result["broken"]["run_id"] == "old" and result["broken"]["stale"] is True
+    assert json.loads(path.read_text())["run_id"] == "new"
