@@ -21,7 +21,11 @@ description:
     owner is returned).
 options:
   path: {type: path, required: true, description: Lock file.}
-  state: {type: str, choices: [acquired, released, query], default: query, description: Wanted state.}
+  state:
+    type: str
+    choices: [acquired, released, query, free]
+    default: query
+    description: Wanted state; free checks that no other run holds the lock (fails like acquired) and writes nothing.
   run_id: {type: str, default: "", description: Identity of this run (required for acquired and released).}
   owner: {type: dict, default: {}, description: Who holds the lock (user, controller, pid, playbook, ...).}
   stale_after_s: {type: int, default: 7200, description: Age after which a held lock is reported as stale.}
@@ -64,13 +68,13 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "path": {"type": "path", "required": True},
-            "state": {"type": "str", "choices": ["acquired", "released", "query"], "default": "query"},
+            "state": {"type": "str", "choices": ["acquired", "released", "query", "free"], "default": "query"},
             "run_id": {"type": "str", "default": ""},
             "owner": {"type": "dict", "default": {}},
             "stale_after_s": {"type": "int", "default": 7200},
             "break_lock": {"type": "bool", "default": False},
         },
-        required_if=[("state", "acquired", ["run_id"]), ("state", "released", ["run_id"])],
+        required_if=[("state", "acquired", ["run_id"]), ("state", "released", ["run_id"]), ("state", "free", ["run_id"])],
         supports_check_mode=True,
     )
     p = module.params
@@ -89,6 +93,8 @@ def main() -> None:
 
     mine = {"run_id": p["run_id"], "owner": p["owner"], "acquired_at": time.time(), "path": path}
     if found.get("run_id") == p["run_id"]:
+        module.exit_json(changed=False, lock=found, broken={}, age_s=round(age, 1))
+    if p["state"] == "free" and (not found or p["break_lock"]):
         module.exit_json(changed=False, lock=found, broken={}, age_s=round(age, 1))
     broken = {}
     if found:

@@ -130,3 +130,13 @@ def test_a_stale_lock_is_reported_and_broken_only_when_asked(lock, tmp_path):
     result, failed = lock({"path": str(path), "state": "acquired", "run_id": "new", "break_lock": True})
     assert not failed and result["broken"]["run_id"] == "old" and result["broken"]["stale"] is True
     assert json.loads(path.read_text())["run_id"] == "new"
+
+
+def test_free_checks_without_writing(lock, tmp_path):
+    path = tmp_path / "rollout-fleet.lock"
+    result, failed = lock({"path": str(path), "state": "free", "run_id": "a"})
+    assert not failed and not result["changed"] and not path.exists()
+    lock({"path": str(path), "state": "acquired", "run_id": "a", "owner": {"user": "alice"}})
+    result, failed = lock({"path": str(path), "state": "free", "run_id": "b"})
+    assert failed and "held by run a (user=alice)" in result["msg"]
+    assert json.loads(path.read_text())["run_id"] == "a"
