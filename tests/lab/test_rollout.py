@@ -71,6 +71,10 @@ def common_extra(**more) -> dict:
     }
 
 
+def router_view(address: str) -> list[tuple]:
+    return sorted((w["id"], w["url"], w["is_healthy"]) for w in router_workers(address))
+
+
 def router_workers(address: str) -> list[dict]:
     conn = http.client.HTTPConnection(address, ROUTER_PORT, timeout=10)
     conn.request("GET", "/workers", headers={"Authorization": f"Bearer {KEY}"})
@@ -161,6 +165,9 @@ class Load:
 
 @pytest.fixture(scope="module")
 def fleet():
+    if os.environ.get("GPUFLEET_REUSE_LAB") and (WORK / "hosts.yml").exists():  # test development only
+        yield {h["name"]: h for h in json.loads(lab("--name", NAME, "instances").stdout)}
+        return
     lab("--name", NAME, "down", check=False)
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "host_vars").mkdir(exist_ok=True)
@@ -201,7 +208,7 @@ def test_router_serves_the_fleet_and_keeps_its_key_out_of_argv(fleet):
 
 def test_plan_taking_the_last_healthy_worker_is_refused_before_any_change(fleet):
     before = {h: unit_state(fleet[h]) for h in SERVERS}
-    workers_before = router_workers(fleet[GATEWAY]["address"])
+    workers_before = router_view(fleet[GATEWAY]["address"])
     proc = play("playbooks/rollout.yml", extra=common_extra(
         rollout_serial=["100%"], rollout_max_unavailable=4, sglang_server_args_host={"chunked-prefill-size": 2048},
     ))  # fmt: skip
@@ -209,7 +216,7 @@ def test_plan_taking_the_last_healthy_worker_is_refused_before_any_change(fleet)
     assert "ROLLOUT REFUSED before any change" in proc.stdout
     assert "would take the last healthy worker of model 'glm-5'" in proc.stdout
     assert {h: unit_state(fleet[h]) for h in SERVERS} == before
-    assert router_workers(fleet[GATEWAY]["address"]) == workers_before
+    assert router_view(fleet[GATEWAY]["address"]) == workers_before
     assert all(not files for files in lock_files(fleet).values())
 
 

@@ -74,7 +74,7 @@ def main() -> None:
             "stale_after_s": {"type": "int", "default": 7200},
             "break_lock": {"type": "bool", "default": False},
         },
-        required_if=[("state", "acquired", ["run_id"]), ("state", "released", ["run_id"]), ("state", "free", ["run_id"])],
+        required_if=[("state", state, ["run_id"]) for state in ("acquired", "released", "free")],
         supports_check_mode=True,
     )
     p = module.params
