@@ -29,7 +29,7 @@ from conftest import ROOT, lab, lab_json
 from lab_host import on
 
 sys.path.insert(0, str(ROOT / "tests/support"))
-from gpufleet_testinfra import run_playbook  # noqa: E402
+from gpufleet_testinfra import playbook_env, run_playbook  # noqa: E402
 
 NAME = "t-rollout"
 KEY = "gpufleet-lab-router-key-not-a-secret"  # the lab's router key (inventory/lab/group_vars)
@@ -39,23 +39,13 @@ SERVERS = [f"{NAME}-0{i}" for i in range(1, 5)]
 GATEWAY = f"{NAME}-router-01"
 
 
-def playbook_env() -> dict:
-    return dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
-        ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"),
-        ANSIBLE_HOST_KEY_CHECKING="False",
-        ANSIBLE_NOCOLOR="1",
-        MOLECULE_EPHEMERAL_DIRECTORY=str(WORK / "eph"),
-        GPUFLEET_ROOT=str(ROOT),
-    )
+EXTRA_ENV = {"MOLECULE_EPHEMERAL_DIRECTORY": str(WORK / "eph"), "GPUFLEET_ROOT": str(ROOT)}
 
 
 def play(playbook: str, *args: str, extra: dict | None = None, timeout: int = 600):
     proc = run_playbook(
         playbook, *args, extra_vars=extra, inventory=WORK / "hosts.yml", log_dir=WORK,
-        env={"MOLECULE_EPHEMERAL_DIRECTORY": str(WORK / "eph"), "GPUFLEET_ROOT": str(ROOT)},
+        env=EXTRA_ENV,
         timeout=timeout,
     )  # fmt: skip
     (WORK / f"{Path(playbook).stem}-{time.monotonic_ns()}.log").write_text(proc.stdout + proc.stderr)
@@ -232,8 +222,9 @@ def test_rollout_under_load_has_zero_failed_requests_and_a_second_rollout_is_ref
     argv = ["ansible-playbook", "-i", str(WORK / "hosts.yml"), "-e", f"@{vars_file}", "playbooks/rollout.yml"]
     with Load(gw["address"]) as load:
         time.sleep(3)  # the load is running through the router before the first worker leaves it
-        first = subprocess.Popen(argv, cwd=ROOT, env=playbook_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True)  # fmt: skip
+        first = subprocess.Popen(
+            argv, cwd=ROOT, env=playbook_env(EXTRA_ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         deadline = time.monotonic() + 120
         while "rollout-fleet.lock" not in on(gw, "ls /var/lib/gpufleet/locks 2>/dev/null || true"):
             assert first.poll() is None and time.monotonic() < deadline, "the first rollout never took its lock"

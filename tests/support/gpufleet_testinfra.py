@@ -47,6 +47,21 @@ def host_by_name():
     return _get
 
 
+def playbook_env(env: dict | None = None, config: str | Path | None = None) -> dict:
+    """The environment ``run_playbook`` gives ``ansible-playbook`` (for a caller that starts it itself)."""
+    return dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(config or ROOT / "ansible.cfg"),
+        ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
+        ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"),
+        ANSIBLE_HOST_KEY_CHECKING="False",
+        ANSIBLE_FORCE_COLOR="0",
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_CALLBACK_RESULT_FORMAT="yaml",
+        **(env or {}),
+    )
+
+
 def run_playbook(
     playbook: str | Path,
     *args: str,
@@ -66,17 +81,7 @@ def run_playbook(
     its whole output (``run-<playbook>-<n>.log``) for the person reading a failed run. Never raises on a
     non-zero exit: the caller asserts on ``returncode``, ``stdout`` and ``stderr``.
     """
-    full_env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(config or ROOT / "ansible.cfg"),
-        ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
-        ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"),
-        ANSIBLE_HOST_KEY_CHECKING="False",
-        ANSIBLE_FORCE_COLOR="0",
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_CALLBACK_RESULT_FORMAT="yaml",
-        **(env or {}),
-    )
+    full_env = playbook_env(env, config)
     argv = ["ansible-playbook", "-i", str(inventory or os.environ["MOLECULE_INVENTORY_FILE"])]
     vars_file = None
     if extra_vars:
