@@ -13,7 +13,16 @@ from sglang_sim_helpers import free_port
 def _pair(make_sim, init_port: int, ranks=(0, 1), extra=None):
     sims = []
     for rank in ranks:
-        args = ["--tp-size", "4", "--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr", f"127.0.0.1:{init_port}"]
+        args = [
+            "--tp-size",
+            "4",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(rank),
+            "--dist-init-addr",
+            f"127.0.0.1:{init_port}",
+        ]
         sims.append(make_sim(args + (extra or []), n_gpus=2, subdir=f"node{rank}"))
     return sims
 
