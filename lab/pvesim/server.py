@@ -299,6 +299,11 @@ class PveSim:
                 store, rest = v.split(":", 1)
                 disk = re.sub(r"^(?:base-\d+-disk-(\d+)/)?(?:vm|base)-\d+-disk-(\d+)", r"vm-%d-disk-\2" % newid, rest)
                 conf[k] = f"{storage or store}:{disk}"
+            if m and "media=cdrom" in v and "cloudinit" in v:
+                conf[k] = re.sub(r"vm-\d+-cloudinit", f"vm-{newid}-cloudinit", v)
+            if re.match(r"^net\d+$", k):  # clone_vm gives every NIC a new MAC address
+                conf[k] = re.sub(r"=([0-9A-Fa-f]{2}:){5}[0-9A-Fa-f]{2}", "=BC:24:11:%02X:%02X:%02X" % (
+                    newid >> 16 & 255, newid >> 8 & 255, newid & 255), v, count=1)
         conf["name"] = name or f"Copy-of-VM-{conf.get('name', vmid)}"
         conf["vmgenid"] = "00000000-0000-4000-8000-%012x" % newid
         conf["smbios1"] = "uuid=00000000-0000-4000-9000-%012x" % newid
