@@ -388,7 +388,7 @@ class PveSim:
         r = self._resource(vm)
         out = {"vmid": vm["vmid"], "status": vm["status"], "name": r["name"], "cpus": r["maxcpu"],
                "maxmem": r["maxmem"], "uptime": r["uptime"],
-               "qmpstatus": vm["status"]}  # fmt: skip
+               "qmpstatus": vm["status"], "ha": {"managed": 0}}  # fmt: skip
         if self._effective(vm, current=True).get("agent", "0").split(",")[0] in ("1", "enabled=1"):
             out["agent"] = 1
         return out
