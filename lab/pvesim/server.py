@@ -87,10 +87,25 @@ def make_cert(directory: Path) -> tuple[Path, Path]:
     cert, key = directory / "pvesim.crt", directory / "pvesim.key"
     if not cert.exists():
         subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-             "-keyout", str(key), "-out", str(cert)],
-            check=True, capture_output=True,
-        )  # fmt: skip
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=127.0.0.1",
+                "-keyout",
+                str(key),
+                "-out",
+                str(cert),
+            ],
+            check=True,
+            capture_output=True,
+        )
     return cert, key
 
 
@@ -172,10 +187,18 @@ class PveSim:
 
     def _check_params(self, endpoint: str, params: dict) -> None:
         spec = self.schema["endpoints"][endpoint]["params"]
-        errors = {k: "property is not defined in schema and the schema does not allow additional properties"
-                  for k in params if k not in spec}  # fmt: skip
-        errors.update({k: "property is missing and it is not optional" for k, s in spec.items()
-                       if s["required"] and k not in params})  # fmt: skip
+        errors = {
+            k: "property is not defined in schema and the schema does not allow additional properties"
+            for k in params
+            if k not in spec
+        }
+        errors.update(
+            {
+                k: "property is missing and it is not optional"
+                for k, s in spec.items()
+                if s["required"] and k not in params
+            }
+        )
         if errors:
             raise ApiError(400, "Parameter verification failed.", errors)
 
@@ -208,8 +231,15 @@ class PveSim:
             else:
                 user = self.authenticate(headers, endpoint, method)
                 if method != "GET":
-                    self.writes.append({"t_ns": time.time_ns(), "endpoint": endpoint, "path": path,
-                                        "user": user, "params": dict(params)})  # fmt: skip
+                    self.writes.append(
+                        {
+                            "t_ns": time.time_ns(),
+                            "endpoint": endpoint,
+                            "path": path,
+                            "user": user,
+                            "params": dict(params),
+                        }
+                    )
                 handler = getattr(self, "ep_" + re.sub(r"[^a-z]+", "_", endpoint.lower()).strip("_"))
                 data = handler(user=user, **pp, **params)
             self.exchanges.append({"endpoint": endpoint, "data": copy.deepcopy(data)})
@@ -221,28 +251,49 @@ class PveSim:
             raise ApiError(401, "authentication failure")
         ticket = f"PVE:{username}:{int(time.time()):08X}::{secrets.token_hex(16)}"
         self.tickets[ticket] = username
-        return {"username": username, "ticket": ticket, "CSRFPreventionToken": "csrf-" + ticket[-16:],
-                "cap": {"vms": {"VM.Config.HWType": 1}}}  # fmt: skip
+        return {
+            "username": username,
+            "ticket": ticket,
+            "CSRFPreventionToken": "csrf-" + ticket[-16:],
+            "cap": {"vms": {"VM.Config.HWType": 1}},
+        }
 
     # ---- endpoints ---------------------------------------------------------------------------
     def ep_get_version(self, user, **_):
         return {"version": self.version, "release": self.version.rsplit(".", 1)[0], "repoid": "d4bcd4a8"}
 
     def ep_get_nodes(self, user, **_):
-        return [{"node": n, "status": v.get("status", "online"), "type": "node", "id": f"node/{n}",
-                 "maxcpu": 128, "maxmem": 1 << 40, "uptime": 86400, "level": ""}
-                for n, v in self.nodes.items()]  # fmt: skip
+        return [
+            {
+                "node": n,
+                "status": v.get("status", "online"),
+                "type": "node",
+                "id": f"node/{n}",
+                "maxcpu": 128,
+                "maxmem": 1 << 40,
+                "uptime": 86400,
+                "level": "",
+            }
+            for n, v in self.nodes.items()
+        ]
 
     def ep_get_pools(self, user, **_):
         return []
 
     def _resource(self, vm: dict) -> dict:
         conf = self._effective(vm, current=True)
-        res = {"id": f"qemu/{vm['vmid']}", "type": "qemu", "vmid": vm["vmid"], "node": vm["node"],
-               "name": conf.get("name", f"VM {vm['vmid']}"), "status": vm["status"], "template": vm["template"],
-               "maxcpu": int(conf.get("cores", 1)) * int(conf.get("sockets", 1)),
-               "maxmem": int(str(conf.get("memory", 2048)).split(",")[0].replace("current=", "")) << 20,
-               "uptime": 100 if vm["status"] == "running" else 0}  # fmt: skip
+        res = {
+            "id": f"qemu/{vm['vmid']}",
+            "type": "qemu",
+            "vmid": vm["vmid"],
+            "node": vm["node"],
+            "name": conf.get("name", f"VM {vm['vmid']}"),
+            "status": vm["status"],
+            "template": vm["template"],
+            "maxcpu": int(conf.get("cores", 1)) * int(conf.get("sockets", 1)),
+            "maxmem": int(str(conf.get("memory", 2048)).split(",")[0].replace("current=", "")) << 20,
+            "uptime": 100 if vm["status"] == "running" else 0,
+        }
         if conf.get("tags"):
             res["tags"] = conf["tags"]
         return res
@@ -266,8 +317,11 @@ class PveSim:
         for vm in sorted(self.vms.values(), key=lambda v: v["vmid"]):
             if vm["node"] == node:
                 r = self._resource(vm)
-                out.append({k: r[k] for k in ("vmid", "name", "status", "maxmem", "uptime") if k in r}
-                           | {"cpus": r["maxcpu"], "template": vm["template"]} | ({"tags": r["tags"]} if "tags" in r else {}))  # fmt: skip
+                out.append(
+                    {k: r[k] for k in ("vmid", "name", "status", "maxmem", "uptime") if k in r}
+                    | {"cpus": r["maxcpu"], "template": vm["template"]}
+                    | ({"tags": r["tags"]} if "tags" in r else {})
+                )
         return out
 
     def ep_get_nodes_node_lxc(self, user, node, **_):
@@ -281,8 +335,9 @@ class PveSim:
                 conf.pop(k, None)
         return conf
 
-    def ep_post_nodes_node_qemu_vmid_clone(self, user, node, vmid, newid, name=None, full=None, storage=None,
-                                           target=None, **_):  # fmt: skip
+    def ep_post_nodes_node_qemu_vmid_clone(
+        self, user, node, vmid, newid, name=None, full=None, storage=None, target=None, **_
+    ):
         src = self._vm(node, vmid)
         newid = int(newid)
         if newid in self.vms:
@@ -297,18 +352,31 @@ class PveSim:
             m = re.match(r"^(?:scsi|virtio|sata|ide|efidisk)\d+$", k)
             if m and "media=cdrom" not in v:
                 store, rest = v.split(":", 1)
-                disk = re.sub(r"^(?:base-\d+-disk-(\d+)/)?(?:vm|base)-\d+-disk-(\d+)", r"vm-%d-disk-\2" % newid, rest)
+                disk = re.sub(r"^(?:base-\d+-disk-(\d+)/)?(?:vm|base)-\d+-disk-(\d+)", r"vm-%d-disk-\2" % newid, rest)  # noqa: UP031
                 conf[k] = f"{storage or store}:{disk}"
             if m and "media=cdrom" in v and "cloudinit" in v:
                 conf[k] = re.sub(r"vm-\d+-cloudinit", f"vm-{newid}-cloudinit", v)
             if re.match(r"^net\d+$", k):  # clone_vm gives every NIC a new MAC address
-                conf[k] = re.sub(r"=([0-9A-Fa-f]{2}:){5}[0-9A-Fa-f]{2}", "=BC:24:11:%02X:%02X:%02X" % (
-                    newid >> 16 & 255, newid >> 8 & 255, newid & 255), v, count=1)
+                conf[k] = re.sub(
+                    r"=([0-9A-Fa-f]{2}:){5}[0-9A-Fa-f]{2}",
+                    "=BC:24:11:%02X:%02X:%02X" % (newid >> 16 & 255, newid >> 8 & 255, newid & 255),  # noqa: UP031
+                    v,
+                    count=1,
+                )
         conf["name"] = name or f"Copy-of-VM-{conf.get('name', vmid)}"
-        conf["vmgenid"] = "00000000-0000-4000-8000-%012x" % newid
-        conf["smbios1"] = "uuid=00000000-0000-4000-9000-%012x" % newid
-        self.vms[newid] = {"vmid": newid, "node": target or node, "status": "stopped", "template": 0, "config": conf,
-                           "pending": {}, "pending_delete": [], "snapshots": [], "agent_ip": None}  # fmt: skip
+        conf["vmgenid"] = "00000000-0000-4000-8000-%012x" % newid  # noqa: UP031
+        conf["smbios1"] = "uuid=00000000-0000-4000-9000-%012x" % newid  # noqa: UP031
+        self.vms[newid] = {
+            "vmid": newid,
+            "node": target or node,
+            "status": "stopped",
+            "template": 0,
+            "config": conf,
+            "pending": {},
+            "pending_delete": [],
+            "snapshots": [],
+            "agent_ip": None,
+        }
         return self._task(node, "qmclone", int(vmid), user)
 
     def ep_get_nodes_node_qemu_vmid_config(self, user, node, vmid, current=None, snapshot=None, **_):
@@ -362,12 +430,22 @@ class PveSim:
         for opt in value.split(",")[1:]:
             k, _, v = opt.partition("=")
             if k in allowed and v not in allowed[k]:
-                raise ApiError(400, "Parameter verification failed.",
-                               {"efidisk0": f"invalid format - format error\nefidisk0.{k}: value '{v}' does not "
-                                            f"have a value in the enumeration '{', '.join(sorted(allowed[k]))}'"})  # fmt: skip
+                raise ApiError(
+                    400,
+                    "Parameter verification failed.",
+                    {
+                        "efidisk0": f"invalid format - format error\nefidisk0.{k}: value '{v}' does not "
+                        f"have a value in the enumeration '{', '.join(sorted(allowed[k]))}'"
+                    },
+                )
             if k == "pre-enrolled-keys" and not re.match(r"^(?i:1|0|on|off|yes|no|true|false)$", v):
-                raise ApiError(400, "Parameter verification failed.",
-                               {"efidisk0": f"invalid format - efidisk0.pre-enrolled-keys: type check ('boolean') failed - got '{v}'"})  # fmt: skip
+                raise ApiError(
+                    400,
+                    "Parameter verification failed.",
+                    {
+                        "efidisk0": f"invalid format - efidisk0.pre-enrolled-keys: type check ('boolean') failed - got '{v}'"  # noqa: E501
+                    },
+                )
 
     def ep_get_nodes_node_qemu_vmid_pending(self, user, node, vmid, **_):
         vm = self._vm(node, vmid)
@@ -386,9 +464,16 @@ class PveSim:
     def ep_get_nodes_node_qemu_vmid_status_current(self, user, node, vmid, **_):
         vm = self._vm(node, vmid)
         r = self._resource(vm)
-        out = {"vmid": vm["vmid"], "status": vm["status"], "name": r["name"], "cpus": r["maxcpu"],
-               "maxmem": r["maxmem"], "uptime": r["uptime"],
-               "qmpstatus": vm["status"], "ha": {"managed": 0}}  # fmt: skip
+        out = {
+            "vmid": vm["vmid"],
+            "status": vm["status"],
+            "name": r["name"],
+            "cpus": r["maxcpu"],
+            "maxmem": r["maxmem"],
+            "uptime": r["uptime"],
+            "qmpstatus": vm["status"],
+            "ha": {"managed": 0},
+        }
         if self._effective(vm, current=True).get("agent", "0").split(",")[0] in ("1", "enabled=1"):
             out["agent"] = 1
         return out
@@ -452,8 +537,12 @@ class PveSim:
     def ep_get_nodes_node_qemu_vmid_snapshot(self, user, node, vmid, **_):
         vm = self._vm(node, vmid)
         out = [dict(s) for s in vm["snapshots"]]
-        current = {"name": "current", "description": "You are here!", "running": int(vm["status"] == "running"),
-                   "digest": self._digest(vm["config"])}  # fmt: skip
+        current = {
+            "name": "current",
+            "description": "You are here!",
+            "running": int(vm["status"] == "running"),
+            "digest": self._digest(vm["config"]),
+        }
         if vm["snapshots"]:
             current["parent"] = vm["snapshots"][-1]["name"]
         return out + [current]
@@ -478,13 +567,23 @@ class PveSim:
             raise ApiError(500, "No QEMU guest agent configured")
         if vm["status"] != "running":
             raise ApiError(500, f"VM {vmid} is not running")
-        return {"result": [
-            {"name": "lo", "hardware-address": "00:00:00:00:00:00",
-             "ip-addresses": [{"ip-address": "127.0.0.1", "ip-address-type": "ipv4", "prefix": 8}]},
-            {"name": "eth0", "hardware-address": "bc:24:11:00:%02x:%02x" % (vm["vmid"] >> 8 & 255, vm["vmid"] & 255),
-             "ip-addresses": [{"ip-address": vm["agent_ip"], "ip-address-type": "ipv4", "prefix": 24},
-                              {"ip-address": "fe80::be24:11ff:fe00:1", "ip-address-type": "ipv6", "prefix": 64}]},
-        ]}  # fmt: skip
+        return {
+            "result": [
+                {
+                    "name": "lo",
+                    "hardware-address": "00:00:00:00:00:00",
+                    "ip-addresses": [{"ip-address": "127.0.0.1", "ip-address-type": "ipv4", "prefix": 8}],
+                },
+                {
+                    "name": "eth0",
+                    "hardware-address": "bc:24:11:00:%02x:%02x" % (vm["vmid"] >> 8 & 255, vm["vmid"] & 255),  # noqa: UP031
+                    "ip-addresses": [
+                        {"ip-address": vm["agent_ip"], "ip-address-type": "ipv4", "prefix": 24},
+                        {"ip-address": "fe80::be24:11ff:fe00:1", "ip-address-type": "ipv6", "prefix": 64},
+                    ],
+                },
+            ]
+        }
 
     def ep_get_nodes_node_tasks_upid_status(self, user, node, upid, **_):
         task = self.tasks.get(upid)

@@ -13,8 +13,25 @@ from urllib.parse import quote
 BUS_RE = re.compile(r"^(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?$")
 HOSTPCI_RE = re.compile(r"^hostpci\d+$")
 HUGEPAGE_MIB = {"2": 2, "1024": 1024}
-OWNED_KEYS = ("name", "cores", "sockets", "memory", "cpu", "machine", "bios", "balloon", "hugepages", "numa",
-              "numa0", "args", "agent", "ciuser", "sshkeys", "ipconfig0", "tags")  # fmt: skip
+OWNED_KEYS = (
+    "name",
+    "cores",
+    "sockets",
+    "memory",
+    "cpu",
+    "machine",
+    "bios",
+    "balloon",
+    "hugepages",
+    "numa",
+    "numa0",
+    "args",
+    "agent",
+    "ciuser",
+    "sshkeys",
+    "ipconfig0",
+    "tags",
+)
 
 
 def _full_bus(bus: str) -> str:
@@ -47,22 +64,29 @@ def static_problems(specs: list[dict]) -> list[str]:
         for i, gpu in enumerate(s.get("gpus", [])):
             where = f"{vm}: proxmox_gpu_vm_gpus[{i}]"
             if not isinstance(gpu, dict) or bool(gpu.get("bus")) == bool(gpu.get("mapping")):
-                problems.append(f"{where} must have exactly one of bus (e.g. 0000:81:00.0) or mapping (a cluster "
-                                f"PCI resource mapping name), got {gpu!r}")  # fmt: skip
+                problems.append(
+                    f"{where} must have exactly one of bus (e.g. 0000:81:00.0) or mapping (a cluster "
+                    f"PCI resource mapping name), got {gpu!r}"
+                )
                 continue
             if gpu.get("bus") and not BUS_RE.match(str(gpu["bus"])):
                 problems.append(f"{where}.bus {gpu['bus']!r} is not a PCI bus id like 0000:81:00.0")
                 continue
             if gpu.get("pcie", True) and not q35:
-                problems.append(f"{where}: pcie=1 needs machine q35 but proxmox_gpu_vm_machine is "
-                                f"{s.get('machine')!r}; set proxmox_gpu_vm_machine: q35 or pcie: false")  # fmt: skip
+                problems.append(
+                    f"{where}: pcie=1 needs machine q35 but proxmox_gpu_vm_machine is "
+                    f"{s.get('machine')!r}; set proxmox_gpu_vm_machine: q35 or pcie: false"
+                )
             if s.get("clique") and gpu.get("bus") and not str(gpu["bus"]).endswith(".0"):
-                problems.append(f"{where}.bus {gpu['bus']!r}: the GPUDirect clique needs an explicit function "
-                                "(.0) on each hostpci; write the full bus id, e.g. 0000:81:00.0")  # fmt: skip
+                problems.append(
+                    f"{where}.bus {gpu['bus']!r}: the GPUDirect clique needs an explicit function "
+                    "(.0) on each hostpci; write the full bus id, e.g. 0000:81:00.0"
+                )
             key = _gpu_key(gpu, s.get("node", ""))
             if key in owners and owners[key] != vm:
-                problems.append(f"{where}: GPU {key} is also given to {owners[key]}; a GPU can be passed "
-                                "through to one VM only")  # fmt: skip
+                problems.append(
+                    f"{where}: GPU {key} is also given to {owners[key]}; a GPU can be passed through to one VM only"
+                )
             owners.setdefault(key, vm)
         if len(s.get("gpus", [])) > 16:
             problems.append(f"{vm}: proxmox_gpu_vm_gpus has {len(s['gpus'])} entries; Proxmox VE has hostpci0-15")
@@ -73,19 +97,25 @@ def static_problems(specs: list[dict]) -> list[str]:
         elif hp in HUGEPAGE_MIB:
             page = HUGEPAGE_MIB[hp]
             if page > memory or memory % page:
-                problems.append(f"{vm}: proxmox_gpu_vm_hugepages {hp} (MiB pages) does not fit "
-                                f"proxmox_gpu_vm_memory_mib {memory}: memory must be a multiple of the page size "
-                                "and at least one page")  # fmt: skip
+                problems.append(
+                    f"{vm}: proxmox_gpu_vm_hugepages {hp} (MiB pages) does not fit "
+                    f"proxmox_gpu_vm_memory_mib {memory}: memory must be a multiple of the page size "
+                    "and at least one page"
+                )
         if s.get("apply_pending") and not s.get("drain_tasks"):
-            problems.append(f"{vm}: proxmox_gpu_vm_apply_pending is true but proxmox_gpu_vm_drain_tasks is empty; a VM is "
-                            "stopped only after the drain hook took it out of service")  # fmt: skip
+            problems.append(
+                f"{vm}: proxmox_gpu_vm_apply_pending is true but proxmox_gpu_vm_drain_tasks is empty; a VM is "
+                "stopped only after the drain hook took it out of service"
+            )
         if s.get("clique") and not s.get("gpus"):
             problems.append(f"{vm}: proxmox_gpu_vm_gpudirect_clique is on but proxmox_gpu_vm_gpus is empty")
         if s.get("needs_args") and s.get("auth") != "root@pam password":
-            problems.append(f"{vm}: the OVMF MMIO window / GPUDirect clique are QEMU args, which Proxmox VE accepts "
-                            f"only from root@pam with a password (not from an API token; now: {s.get('auth')}); set "
-                            "proxmox_gpu_vm_api_user: root@pam and proxmox_gpu_vm_api_password (vault), or "
-                            "proxmox_gpu_vm_mmio64_mb: 0 and proxmox_gpu_vm_gpudirect_clique: false")  # fmt: skip
+            problems.append(
+                f"{vm}: the OVMF MMIO window / GPUDirect clique are QEMU args, which Proxmox VE accepts "
+                f"only from root@pam with a password (not from an API token; now: {s.get('auth')}); set "
+                "proxmox_gpu_vm_api_user: root@pam and proxmox_gpu_vm_api_password (vault), or "
+                "proxmox_gpu_vm_mmio64_mb: 0 and proxmox_gpu_vm_gpudirect_clique: false"
+            )
     return problems
 
 
@@ -105,8 +135,10 @@ def cluster_problems(specs: list[dict], cluster: dict, owner_tag: str) -> list[s
     for s in specs:
         vm, node = s["name"], s["node"]
         if node not in cluster.get("pci", {}):
-            problems.append(f"{vm}: proxmox_gpu_vm_node {node!r} is not a node of the cluster "
-                            f"({', '.join(sorted(cluster.get('pci', {}))) or 'none'})")  # fmt: skip
+            problems.append(
+                f"{vm}: proxmox_gpu_vm_node {node!r} is not a node of the cluster "
+                f"({', '.join(sorted(cluster.get('pci', {}))) or 'none'})"
+            )
             continue
         devices = {_full_bus(d["id"]) for d in cluster["pci"][node]}
         for i, gpu in enumerate(s.get("gpus", [])):
@@ -114,13 +146,17 @@ def cluster_problems(specs: list[dict], cluster: dict, owner_tag: str) -> list[s
             if gpu.get("mapping"):
                 mp = mappings.get(gpu["mapping"])
                 if mp is None:
-                    problems.append(f"{where}.mapping {gpu['mapping']!r} is not a PCI resource mapping of the "
-                                    f"cluster (Datacenter > Resource Mappings: {', '.join(sorted(mappings)) or 'none'})")  # fmt: skip
+                    problems.append(
+                        f"{where}.mapping {gpu['mapping']!r} is not a PCI resource mapping of the "
+                        f"cluster (Datacenter > Resource Mappings: {', '.join(sorted(mappings)) or 'none'})"
+                    )
                 elif node not in _mapping_paths(mp):
                     problems.append(f"{where}.mapping {gpu['mapping']!r} has no device on node {node}")
                 elif _mapping_paths(mp)[node] not in devices:
-                    problems.append(f"{where}.mapping {gpu['mapping']!r} points to {_mapping_paths(mp)[node]}, "
-                                    f"which is not in the PCI list of node {node}")  # fmt: skip
+                    problems.append(
+                        f"{where}.mapping {gpu['mapping']!r} points to {_mapping_paths(mp)[node]}, "
+                        f"which is not in the PCI list of node {node}"
+                    )
             else:
                 bus = _full_bus(str(gpu["bus"]))
                 if bus not in devices and not any(d.startswith(bus + ".") for d in devices):
@@ -131,28 +167,40 @@ def cluster_problems(specs: list[dict], cluster: dict, owner_tag: str) -> list[s
             if other.get("node") != node:
                 continue
             for gpu in other.get("gpus", []):
-                path = (_mapping_paths(mappings.get(gpu.get("mapping"), {})).get(node) if gpu.get("mapping")
-                        else _full_bus(str(gpu.get("bus", ""))))  # fmt: skip
+                path = (
+                    _mapping_paths(mappings.get(gpu.get("mapping"), {})).get(node)
+                    if gpu.get("mapping")
+                    else _full_bus(str(gpu.get("bus", "")))
+                )
                 if path and path in taken and taken[path] != other["name"] and other["name"] == vm:
-                    problems.append(f"{vm}: proxmox_gpu_vm_gpus names device {path} on {node}, which "
-                                    f"{taken[path]} also gets (bus id or mapping); a GPU goes to one VM only")  # fmt: skip
+                    problems.append(
+                        f"{vm}: proxmox_gpu_vm_gpus names device {path} on {node}, which "
+                        f"{taken[path]} also gets (bus id or mapping); a GPU goes to one VM only"
+                    )
                 if path:
                     taken.setdefault(path, other["name"])
         existing = next((r for r in cluster.get("vms", []) if int(r["vmid"]) == int(s["vmid"])), None)
         if existing is not None:
             tags = [t for t in re.split(r"[;, ]+", existing.get("tags", "")) if t]
             if existing.get("template"):
-                problems.append(f"{vm}: proxmox_gpu_vm_vmid {s['vmid']} is a template on {existing['node']}; "
-                                "choose another vmid")  # fmt: skip
+                problems.append(
+                    f"{vm}: proxmox_gpu_vm_vmid {s['vmid']} is a template on {existing['node']}; choose another vmid"
+                )
             elif existing.get("name") != vm or owner_tag not in tags:
-                problems.append(f"{vm}: proxmox_gpu_vm_vmid {s['vmid']} is taken by VM {existing.get('name')!r} on "
-                                f"{existing['node']}, which this inventory does not own (owned VMs carry the tag "
-                                f"{owner_tag!r} and the inventory name); choose another vmid")  # fmt: skip
+                problems.append(
+                    f"{vm}: proxmox_gpu_vm_vmid {s['vmid']} is taken by VM {existing.get('name')!r} on "
+                    f"{existing['node']}, which this inventory does not own (owned VMs carry the tag "
+                    f"{owner_tag!r} and the inventory name); choose another vmid"
+                )
             elif existing["node"] != node:
-                problems.append(f"{vm}: VM {s['vmid']} is on node {existing['node']}, proxmox_gpu_vm_node says "
-                                f"{node}; migrating GPU VMs is not done by this role")  # fmt: skip
-        if not existing and s.get("template") and not any(
-            r.get("name") == s["template"] and r.get("template") for r in cluster.get("vms", [])
+                problems.append(
+                    f"{vm}: VM {s['vmid']} is on node {existing['node']}, proxmox_gpu_vm_node says "
+                    f"{node}; migrating GPU VMs is not done by this role"
+                )
+        if (
+            not existing
+            and s.get("template")
+            and not any(r.get("name") == s["template"] and r.get("template") for r in cluster.get("vms", []))
         ):
             problems.append(f"{vm}: proxmox_gpu_vm_template {s['template']!r} is not a template in the cluster")
     return problems
@@ -189,8 +237,10 @@ def desired_config(s: dict) -> dict:
         conf["hugepages"] = str(s["hugepages"])
     if s.get("numa_node") not in (None, ""):
         conf["numa"] = 1
-        conf["numa0"] = (f"cpus={_cpus(int(s['cores']) * int(s['sockets']))},hostnodes={int(s['numa_node'])},"
-                         f"memory={int(s['memory'])},policy=bind")  # fmt: skip
+        conf["numa0"] = (
+            f"cpus={_cpus(int(s['cores']) * int(s['sockets']))},hostnodes={int(s['numa_node'])},"
+            f"memory={int(s['memory'])},policy=bind"
+        )
     for i, gpu in enumerate(s.get("gpus", [])):
         conf[f"hostpci{i}"] = _hostpci(gpu)
     args = []
@@ -213,7 +263,7 @@ def config_diff(desired: dict, current: dict, efidisk_storage: str) -> dict:
         changes["numa"] = 0
     if "efidisk0" not in current:
         changes["efidisk0"] = f"{efidisk_storage}:1,efitype=4m,pre-enrolled-keys=0"
-    return {"set": changes, "delete": delete, "changed": bool(changes or delete)}
+    return {"set": changes, "delete": delete, "any": bool(changes or delete)}
 
 
 def kvm_params(desired: dict, diff: dict, efidisk_storage: str) -> dict:
@@ -263,26 +313,40 @@ def clique_verdict(nccl: dict | None, baseline_gbps: float | None, min_gain: flo
     largest size must beat the measured baseline (without the clique) by `min_gain` (0.2 = 20 %).
     """
     if not nccl:
-        return {"keep": False, "reason": "no NCCL all-reduce measurement on this VM (preflight measure_nccl did not run)"}
+        return {
+            "keep": False,
+            "reason": "no NCCL all-reduce measurement on this VM (preflight measure_nccl did not run)",
+        }
     summary = nccl.get("summary") or {}
     derived = (summary.get("busbw_gbps") or {}).get("derived") or {}
     variant = next((v for v in nccl.get("variants", []) if v.get("name") == "derived"), {})
     wrong = [r.get("size_mib") for r in variant.get("results", []) if not r.get("correct")]
     if not variant.get("ok") or wrong or not derived:
-        why = (variant.get("error") or "failed") if not variant.get("ok") else (
-            f"wrong sums at {wrong} MiB" if wrong else "no bandwidth for the derived environment")
+        why = (
+            (variant.get("error") or "failed")
+            if not variant.get("ok")
+            else (f"wrong sums at {wrong} MiB" if wrong else "no bandwidth for the derived environment")
+        )
         return {"keep": False, "reason": f"the all-reduce did not complete with the clique: {why}"}
     largest = max(derived, key=lambda k: float(k))
     busbw = float(derived[largest] or 0)
     if baseline_gbps in (None, "") or float(baseline_gbps) <= 0:
-        return {"keep": False, "reason": f"all-reduce completed at {busbw} GB/s but there is no baseline without the "
-                                         "clique (proxmox_gpu_vm_clique_baseline_busbw_gbps) to prove a gain"}  # fmt: skip
+        return {
+            "keep": False,
+            "reason": f"all-reduce completed at {busbw} GB/s but there is no baseline without the "
+            "clique (proxmox_gpu_vm_clique_baseline_busbw_gbps) to prove a gain",
+        }
     need = float(baseline_gbps) * (1 + float(min_gain))
     if busbw < need:
-        return {"keep": False, "reason": f"all-reduce bus bandwidth {busbw} GB/s at {largest} MiB is below "
-                                         f"{need:.1f} GB/s (baseline {baseline_gbps} GB/s + {int(float(min_gain) * 100)} %)"}  # fmt: skip
-    return {"keep": True, "reason": f"all-reduce completed; bus bandwidth {busbw} GB/s at {largest} MiB vs baseline "
-                                    f"{baseline_gbps} GB/s"}  # fmt: skip
+        return {
+            "keep": False,
+            "reason": f"all-reduce bus bandwidth {busbw} GB/s at {largest} MiB is below "
+            f"{need:.1f} GB/s (baseline {baseline_gbps} GB/s + {int(float(min_gain) * 100)} %)",
+        }
+    return {
+        "keep": True,
+        "reason": f"all-reduce completed; bus bandwidth {busbw} GB/s at {largest} MiB vs baseline {baseline_gbps} GB/s",
+    }
 
 
 class FilterModule:

@@ -36,12 +36,24 @@ class Runner:
     def run(self, playbook: str = "playbooks/provision.yml", *extra: str, env: dict | None = None):
         inv = self.tmp / "hosts.yml"
         inv.write_text(yaml.safe_dump(copy.deepcopy(self.inventory)))
-        penv = {**os.environ, "PROXMOX_USER": "root@pam", "PROXMOX_PASSWORD": PASSWORD,
-                "ANSIBLE_FORCE_COLOR": "0", **(env or {})}  # fmt: skip
+        penv = {
+            **os.environ,
+            "PROXMOX_USER": "root@pam",
+            "PROXMOX_PASSWORD": PASSWORD,
+            "ANSIBLE_FORCE_COLOR": "0",
+            **(env or {}),
+        }
         for k in ("PROXMOX_TOKEN_ID", "PROXMOX_TOKEN_SECRET", "PROXMOX_HOST"):
             penv.pop(k, None) if not env or k not in env else None
-        cmd = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(inv), playbook,
-               "-e", f"proxmox_gpu_vm_report_dir={self.reports}", *extra]  # fmt: skip
+        cmd = [
+            str(ROOT / ".venv/bin/ansible-playbook"),
+            "-i",
+            str(inv),
+            playbook,
+            "-e",
+            f"proxmox_gpu_vm_report_dir={self.reports}",
+            *extra,
+        ]
         p = subprocess.run(cmd, cwd=ROOT, env=penv, capture_output=True, text=True, timeout=240)
         return p
 

@@ -25,17 +25,37 @@ def expected(vmid: int, name: str, node_numa: int, hostpci: dict, tags: str, mmi
         args += "".join(f" -set device.hostpci{i}.x-nv-gpudirect-clique=1" for i in range(len(hostpci)))
     return {
         # from the template (clone_vm: new disk and cloud-init volumes, new MAC, vmgenid, smbios uuid)
-        "ostype": "l26", "scsihw": "virtio-scsi-single", "boot": "order=scsi0", "serial0": "socket", "vga": "serial0",
-        "scsi0": f"local-lvm:vm-{vmid}-disk-0,iothread=1,size=64G", "ide2": f"local-lvm:vm-{vmid}-cloudinit,media=cdrom",
-        "net0": "virtio=BC:24:11:00:00:%02X,bridge=vmbr0" % vmid,
-        "vmgenid": "00000000-0000-4000-8000-%012x" % vmid, "smbios1": "uuid=00000000-0000-4000-9000-%012x" % vmid,
+        "ostype": "l26",
+        "scsihw": "virtio-scsi-single",
+        "boot": "order=scsi0",
+        "serial0": "socket",
+        "vga": "serial0",
+        "scsi0": f"local-lvm:vm-{vmid}-disk-0,iothread=1,size=64G",
+        "ide2": f"local-lvm:vm-{vmid}-cloudinit,media=cdrom",
+        "net0": "virtio=BC:24:11:00:00:%02X,bridge=vmbr0" % vmid,  # noqa: UP031
+        "vmgenid": "00000000-0000-4000-8000-%012x" % vmid,  # noqa: UP031
+        "smbios1": "uuid=00000000-0000-4000-9000-%012x" % vmid,  # noqa: UP031
         # written by the role
-        "name": name, "cores": "16", "sockets": "1", "memory": "131072", "cpu": "host", "machine": "q35", "bios": "ovmf",
-        "balloon": "0", "agent": "1", "ciuser": "gpufleet", "sshkeys": SSHKEYS, "ipconfig0": "ip=dhcp", "tags": tags,
-        "hugepages": "1024", "numa": "1", "numa0": f"cpus=0-15,hostnodes={node_numa},memory=131072,policy=bind",
+        "name": name,
+        "cores": "16",
+        "sockets": "1",
+        "memory": "131072",
+        "cpu": "host",
+        "machine": "q35",
+        "bios": "ovmf",
+        "balloon": "0",
+        "agent": "1",
+        "ciuser": "gpufleet",
+        "sshkeys": SSHKEYS,
+        "ipconfig0": "ip=dhcp",
+        "tags": tags,
+        "hugepages": "1024",
+        "numa": "1",
+        "numa0": f"cpus=0-15,hostnodes={node_numa},memory=131072,policy=bind",
         "efidisk0": f"local-lvm:vm-{vmid}-disk-1,format=raw,efitype=4m,pre-enrolled-keys=False,size=4M",
-        "args": args, **hostpci,
-    }  # fmt: skip
+        "args": args,
+        **hostpci,
+    }
 
 
 def config_of(sim: PveSim, vmid: int) -> dict:
@@ -66,23 +86,49 @@ def scenario(tmp_path_factory):
         n = len(server.sim.writes)
         out["third"] = r.run()
         out["third_writes"] = server.sim.writes[n:]
-        out["third_pending"] = [p["key"] for p in server.sim.handle(
-            "GET", "/nodes/pve1/qemu/202/pending", {}, {"Authorization": f"PVEAPIToken=root@pam!gpufleet={TOKEN_SECRET}"})
-            if "pending" in p]  # fmt: skip
+        out["third_pending"] = [
+            p["key"]
+            for p in server.sim.handle(
+                "GET",
+                "/nodes/pve1/qemu/202/pending",
+                {},
+                {"Authorization": f"PVEAPIToken=root@pam!gpufleet={TOKEN_SECRET}"},
+            )
+            if "pending" in p
+        ]
         out["third_report"] = json.loads((r.reports / "gpu-a2.json").read_text())
         drain_log = tmp / "drain.log"
         n = len(server.sim.writes)
         hook = f"proxmox_gpu_vm_drain_tasks={HERE / 'drain_hook.yml'}"
-        out["fourth"] = r.run("playbooks/provision.yml", "-e", "proxmox_gpu_vm_apply_pending=true", "-e", hook,
-                              "-e", f"drain_log={drain_log}")  # fmt: skip
+        out["fourth"] = r.run(
+            "playbooks/provision.yml",
+            "-e",
+            "proxmox_gpu_vm_apply_pending=true",
+            "-e",
+            hook,
+            "-e",
+            f"drain_log={drain_log}",
+        )
         out["fourth_writes"] = server.sim.writes[n:]
         out["drain_log"] = drain_log.read_text() if drain_log.exists() else ""
         out["fourth_configs"] = {v: config_of(server.sim, v) for v in (201, 202, 203)}
         # the clique of gpu-a1 is judged by a real NCCL capture (H200 VM) against a baseline it does not beat
         n = len(server.sim.writes)
-        out["clique"] = r.run(str(HERE / "verify_clique.yml"), "-l", "gpu-a1", "-e", "proxmox_gpu_vm_apply_pending=true",
-                              "-e", hook, "-e", f"drain_log={drain_log}", "-e", "proxmox_gpu_vm_clique_baseline_busbw_gbps=300",
-                              "-e", f"nccl_file={ROOT / 'tests/unit/fixtures/h200-device/nccl-allreduce.json'}")  # fmt: skip
+        out["clique"] = r.run(
+            str(HERE / "verify_clique.yml"),
+            "-l",
+            "gpu-a1",
+            "-e",
+            "proxmox_gpu_vm_apply_pending=true",
+            "-e",
+            hook,
+            "-e",
+            f"drain_log={drain_log}",
+            "-e",
+            "proxmox_gpu_vm_clique_baseline_busbw_gbps=300",
+            "-e",
+            f"nccl_file={ROOT / 'tests/unit/fixtures/h200-device/nccl-allreduce.json'}",
+        )
         out["clique_writes"] = server.sim.writes[n:]
         out["clique_config"] = config_of(server.sim, 201)
         out["clique_report"] = json.loads((r.reports / "gpu-a1.json").read_text())
@@ -98,12 +144,25 @@ def test_three_vms_are_created_with_exactly_the_wanted_config(scenario):
     _ok(scenario["first"])
     tags = "gpu-rtx-pro-6000;gpufleet;model-"
     assert scenario["first_configs"] == {
-        201: expected(201, "gpu-a1", 0, {"hostpci0": "0000:81:00.0,pcie=1", "hostpci1": "0000:82:00.0,pcie=1"},
-                      tags + "glm5", 524288, clique=True),
+        201: expected(
+            201,
+            "gpu-a1",
+            0,
+            {"hostpci0": "0000:81:00.0,pcie=1", "hostpci1": "0000:82:00.0,pcie=1"},
+            tags + "glm5",
+            524288,
+            clique=True,
+        ),
         202: expected(202, "gpu-a2", 0, {"hostpci0": "0000:a1:00.0,pcie=1"}, tags + "qwen3", 262144),
-        203: expected(203, "gpu-b1", 1, {"hostpci0": "mapping=rtxpro-b0,pcie=1", "hostpci1": "mapping=rtxpro-b1,pcie=1"},
-                      tags + "glm5", 524288),
-    }  # fmt: skip
+        203: expected(
+            203,
+            "gpu-b1",
+            1,
+            {"hostpci0": "mapping=rtxpro-b0,pcie=1", "hostpci1": "mapping=rtxpro-b1,pcie=1"},
+            tags + "glm5",
+            524288,
+        ),
+    }
     assert scenario["first_status"] == {201: "running", 202: "running", 203: "running"}
     assert "changed=0" not in scenario["first"].stdout.split("PLAY RECAP")[1].splitlines()[1]
 

@@ -27,7 +27,9 @@ def test_inventory_only_mistakes_are_refused_before_any_api_call(runner: Runner)
     assert p.returncode != 0
     out = p.stdout
     assert "gpu-a2: proxmox_gpu_vm_gpus[0]: GPU pve1 0000:81:00.0 is also given to gpu-a1" in out
-    assert "gpu-b1: proxmox_gpu_vm_gpus[0]: pcie=1 needs machine q35 but proxmox_gpu_vm_machine is 'pc-i440fx-8.1'" in out
+    assert (
+        "gpu-b1: proxmox_gpu_vm_gpus[0]: pcie=1 needs machine q35 but proxmox_gpu_vm_machine is 'pc-i440fx-8.1'" in out
+    )
     assert "gpu-a1: proxmox_gpu_vm_hugepages 1024 (MiB pages) does not fit proxmox_gpu_vm_memory_mib 1536" in out
     assert runner.server.sim.exchanges == [] and runner.writes() == []
 
@@ -49,8 +51,10 @@ def test_cluster_mistakes_are_refused_before_any_write(runner: Runner):
 
 def test_token_auth_cannot_write_qemu_args(runner: Runner):
     # Proxmox VE accepts args only from root@pam itself; the role says so before any call
-    p = runner.run("playbooks/provision.yml", env={"PROXMOX_PASSWORD": "", "PROXMOX_TOKEN_ID": "gpufleet",
-                                                   "PROXMOX_TOKEN_SECRET": TOKEN_SECRET})  # fmt: skip
+    p = runner.run(
+        "playbooks/provision.yml",
+        env={"PROXMOX_PASSWORD": "", "PROXMOX_TOKEN_ID": "gpufleet", "PROXMOX_TOKEN_SECRET": TOKEN_SECRET},
+    )
     assert p.returncode != 0
     assert "which Proxmox VE accepts only from root@pam with a password" in p.stdout
     assert TOKEN_SECRET not in p.stdout + p.stderr
@@ -59,11 +63,21 @@ def test_token_auth_cannot_write_qemu_args(runner: Runner):
 
 def test_inventory_plugin_groups_from_tags_and_address_from_agent(pve, tmp_path):
     sim = pve.sim
-    for vmid, name, tags in ((301, "gpu-x1", "gpufleet;gpu-rtx-pro-6000;model-glm5"),
-                             (302, "gpu-x2", "gpufleet;gpu-h200;model-qwen3")):  # fmt: skip
-        sim.vms[vmid] = {"vmid": vmid, "node": "pve1", "status": "stopped", "template": 0, "pending": {},
-                         "pending_delete": [], "snapshots": [], "agent_ip": None,
-                         "config": {"name": name, "tags": tags, "agent": "1", "cores": 8, "memory": "65536"}}  # fmt: skip
+    for vmid, name, tags in (
+        (301, "gpu-x1", "gpufleet;gpu-rtx-pro-6000;model-glm5"),
+        (302, "gpu-x2", "gpufleet;gpu-h200;model-qwen3"),
+    ):
+        sim.vms[vmid] = {
+            "vmid": vmid,
+            "node": "pve1",
+            "status": "stopped",
+            "template": 0,
+            "pending": {},
+            "pending_delete": [],
+            "snapshots": [],
+            "agent_ip": None,
+            "config": {"name": name, "tags": tags, "agent": "1", "cores": 8, "memory": "65536"},
+        }
         sim.ep_post_nodes_node_qemu_vmid_status_start(user="root@pam", node="pve1", vmid=str(vmid))
     example = (ROOT / "inventory/examples/proxmox/cluster.proxmox.yml").read_text()
     assert example.count("validate_certs: true") == 1
@@ -71,10 +85,21 @@ def test_inventory_plugin_groups_from_tags_and_address_from_agent(pve, tmp_path)
     inv.write_text(example.replace("validate_certs: true", "validate_certs: false"))  # the simulator's own cert
     # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a session's verify=False (docs/proxmox.md)
     env = {k: v for k, v in os.environ.items() if k not in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")}
-    env = {**env, "PROXMOX_URL": f"https://127.0.0.1:{pve.port}", "PROXMOX_USER": "root@pam",
-           "PROXMOX_TOKEN_ID": TOKEN_ID.split("!")[1], "PROXMOX_TOKEN_SECRET": TOKEN_SECRET}  # fmt: skip
-    p = subprocess.run([str(ROOT / ".venv/bin/ansible-inventory"), "-i", str(inv), "--list", "--export"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    env = {
+        **env,
+        "PROXMOX_URL": f"https://127.0.0.1:{pve.port}",
+        "PROXMOX_USER": "root@pam",
+        "PROXMOX_TOKEN_ID": TOKEN_ID.split("!")[1],
+        "PROXMOX_TOKEN_SECRET": TOKEN_SECRET,
+    }
+    p = subprocess.run(
+        [str(ROOT / ".venv/bin/ansible-inventory"), "-i", str(inv), "--list", "--export"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
     assert sorted(data["sglang_servers"]["hosts"]) == ["gpu-x1", "gpu-x2"]
@@ -142,21 +167,40 @@ def test_every_simulator_answer_matches_the_schema(schema, tmp_path):
         s.verify = False
         s.trust_env = False  # else REQUESTS_CA_BUNDLE overrides verify=False
         s.headers["Authorization"] = f"PVEAPIToken={TOKEN_ID}={TOKEN_SECRET}"
-        t = s.post(f"{base}/access/ticket", data={"username": "root@pam", "password": cluster()["users"]["root@pam"]},
-                   ).json()["data"]  # fmt: skip
+        t = s.post(
+            f"{base}/access/ticket",
+            data={"username": "root@pam", "password": cluster()["users"]["root@pam"]},
+        ).json()["data"]
         pw = requests.Session()
         pw.verify = False
         pw.trust_env = False
         pw.cookies.set("PVEAuthCookie", t["ticket"])
         pw.headers["CSRFPreventionToken"] = t["CSRFPreventionToken"]
         upid = s.post(f"{base}/nodes/pve1/qemu/9000/clone", data={"newid": 401, "name": "x", "full": 1}).json()["data"]
-        for path in ("/version", "/nodes", "/pools", "/cluster/resources?type=vm", "/cluster/mapping/pci",
-                     "/nodes/pve1/hardware/pci", "/nodes/pve1/qemu", "/nodes/pve1/lxc", "/nodes/pve1/qemu/401/config",
-                     f"/nodes/pve1/tasks/{upid}/status", f"/nodes/pve1/tasks/{upid}/log"):  # fmt: skip
+        for path in (
+            "/version",
+            "/nodes",
+            "/pools",
+            "/cluster/resources?type=vm",
+            "/cluster/mapping/pci",
+            "/nodes/pve1/hardware/pci",
+            "/nodes/pve1/qemu",
+            "/nodes/pve1/lxc",
+            "/nodes/pve1/qemu/401/config",
+            f"/nodes/pve1/tasks/{upid}/status",
+            f"/nodes/pve1/tasks/{upid}/log",
+        ):
             assert s.get(base + path).status_code == 200, path
-        r = pw.put(f"{base}/nodes/pve1/qemu/401/config",
-                   data={"args": "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=262144", "hostpci0": "0000:81:00.0,pcie=1",
-                         "machine": "q35", "agent": "1", "efidisk0": "local-lvm:1,efitype=4m"})  # fmt: skip
+        r = pw.put(
+            f"{base}/nodes/pve1/qemu/401/config",
+            data={
+                "args": "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=262144",
+                "hostpci0": "0000:81:00.0,pcie=1",
+                "machine": "q35",
+                "agent": "1",
+                "efidisk0": "local-lvm:1,efitype=4m",
+            },
+        )
         assert r.status_code == 200, r.text
         assert s.put(f"{base}/nodes/pve1/qemu/401/config", data={"args": "-x"}).json()["message"] == (
             "only root can set 'args' config\n"
@@ -164,8 +208,12 @@ def test_every_simulator_answer_matches_the_schema(schema, tmp_path):
         assert s.post(f"{base}/nodes/pve1/qemu/401/status/start").status_code == 200
         s.put(f"{base}/nodes/pve1/qemu/401/config", data={"hostpci1": "0000:82:00.0,pcie=1", "delete": "agent"})
         s.post(f"{base}/nodes/pve1/qemu/401/snapshot", data={"snapname": "before", "vmstate": 0})
-        for path in ("/nodes/pve1/qemu/401/pending", "/nodes/pve1/qemu/401/status/current",
-                     "/nodes/pve1/qemu/401/snapshot", "/nodes/pve1/qemu/401/agent/network-get-interfaces"):  # fmt: skip
+        for path in (
+            "/nodes/pve1/qemu/401/pending",
+            "/nodes/pve1/qemu/401/status/current",
+            "/nodes/pve1/qemu/401/snapshot",
+            "/nodes/pve1/qemu/401/agent/network-get-interfaces",
+        ):
             assert s.get(base + path).status_code == 200, path
         for path in ("shutdown", "stop"):
             assert s.post(f"{base}/nodes/pve1/qemu/401/status/{path}").status_code == 200
