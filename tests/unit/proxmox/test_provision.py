@@ -84,7 +84,7 @@ def scenario(tmp_path_factory):
         # the GPU list of gpu-a2 changes: a second GPU
         r.hosts()["gpu-a2"]["proxmox_gpu_vm_gpus"].append({"bus": "0000:a2:00.0"})
         n = len(server.sim.writes)
-        out["third"] = r.run()
+        out["third"] = r.run("playbooks/provision.yml", "-e", "proxmox_gpu_vm_snapshot_before_change=true")
         out["third_writes"] = server.sim.writes[n:]
         out["third_pending"] = [
             p["key"]
@@ -179,8 +179,13 @@ def test_second_run_changes_nothing(scenario):
 def test_changed_gpu_list_stays_pending_without_permission(scenario):
     _ok(scenario["third"])
     writes = scenario["third_writes"]
-    assert [w["endpoint"] for w in writes] == ["PUT /nodes/{node}/qemu/{vmid}/config"]
-    assert writes[0]["params"]["hostpci1"] == "0000:a2:00.0,pcie=1"
+    # a snapshot (without RAM) of the changed VM only, before the change
+    assert [(w["endpoint"], w["path"]) for w in writes] == [
+        ("POST /nodes/{node}/qemu/{vmid}/snapshot", "/nodes/pve1/qemu/202/snapshot"),
+        ("PUT /nodes/{node}/qemu/{vmid}/config", "/nodes/pve1/qemu/202/config"),
+    ]
+    assert writes[0]["params"]["vmstate"] == "0" and writes[0]["params"]["snapname"].startswith("gpufleet-")
+    assert writes[1]["params"]["hostpci1"] == "0000:a2:00.0,pcie=1"
     assert start_stop_writes(writes) == []
     # the second GPU also doubles the OVMF MMIO window (args): both wait for a full stop and start
     assert scenario["third_pending"] == ["args", "hostpci1"]
