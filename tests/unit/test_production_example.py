@@ -19,7 +19,7 @@ BIN = REPO / ".venv" / "bin"
 ENV = dict(
     os.environ,
     ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-    ANSIBLE_FILTER_PLUGINS=str(REPO / "roles" / "sglang_server" / "filter_plugins"),
+    ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
     ANSIBLE_CALLBACK_RESULT_FORMAT="json",
     ANSIBLE_NOCOLOR="1",
     ANSIBLE_CACHE_PLUGIN="memory",
@@ -69,8 +69,8 @@ def test_playbooks_pass_the_syntax_check():
 def rendered(*hosts: str) -> dict:
     """The merged flags, rank and nodes of each host, as Ansible renders them (one ad-hoc run)."""
     expr = (
-        "{{ {'argv': sglang_server_args | sglang_argv, 'rank': sglang_server_node_rank | int,"
-        " 'nodes': sglang_server_nodes, 'key_problem': sglang_server_api_key | sglang_api_key_problem} | to_json }}"
+        "{{ {'argv': sglang_server_args | gpufleet.fleet.sglang_argv, 'rank': sglang_server_node_rank | int,"
+        " 'nodes': sglang_server_nodes, 'key_problem': sglang_server_api_key | gpufleet.fleet.sglang_api_key_problem} | to_json }}"
     )
     proc = run(
         str(BIN / "ansible"), ",".join(hosts), "-i", str(INV), "--vault-password-file", str(PASSWORD),

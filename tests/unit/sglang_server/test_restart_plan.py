@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "roles" / "sglang_server" / "filter_plugins"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "plugins" / "filter"))
 
 from sglang_restart_plan import RestartPlanError, sglang_restart_plan  # noqa: E402
 
