@@ -25,12 +25,13 @@ def is_commit(revision: str | None) -> bool:
     return bool(revision) and len(revision) == COMMIT_RE_LEN and all(c in "0123456789abcdef" for c in revision)
 
 
-def human(n: float) -> str:
+def human(n: float, digits: int = 2) -> str:
+    """A byte count for people: ``512 B``, ``1.50 GiB`` (``digits`` decimals above bytes)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{digits}f} {unit}"
         n /= 1024
-    return f"{n:.2f} TiB"
+    return f"{n:.{digits}f} TiB"
 
 
 def hash_file(path: Path) -> tuple[str, str]:
