@@ -2,7 +2,7 @@
 
 Polls the job (async_status) every few seconds and, every ``interval`` seconds, prints one line per host with
 bytes done, total, rate and ETA, read from the job's progress file. Returns the job's own result (so the task
-fails with the module's message when staging failed). Documentation: library/model_weights_wait.py.
+fails with the module's message when staging failed). Documentation: plugins/modules/model_weights_wait.py.
 """
 
 from __future__ import annotations

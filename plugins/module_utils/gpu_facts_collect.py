@@ -1,8 +1,8 @@
 """Assemble the ``gpu_facts`` fact tree from nvidia-smi outputs (and optional NVML).
 
 Pure standard-library Python, importable by the ``gpu_facts`` module (as
-``ansible.module_utils.gpu_facts_collect``), by the unit tests and by plain scripts (the
-real-GPU evidence run).  Parsing of nvidia-smi text is delegated to
+``ansible_collections.gpufleet.fleet.plugins.module_utils.gpu_facts_collect``) and by the unit tests.
+Parsing of nvidia-smi text is delegated to
 ``nvidia_smi_parse``; this file only decides *which* commands to run and turns their parsed
 output into one documented structure (see docs/gpu-facts.md, "Facts schema").
 
