@@ -8,7 +8,11 @@ import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_server_host import http, journal_lines, read_env_file
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import (
+    http,
+    journal_lines,
+    read_env_file,
+)
 
 DOCUMENTATION = r"""
 module: sglang_server_smoke

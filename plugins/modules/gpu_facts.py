@@ -103,7 +103,7 @@ commands:
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402  (after the documentation strings)
-from ansible.module_utils.gpu_facts_collect import GpuFactsError, collect, commands  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpu_facts_collect import GpuFactsError, collect, commands  # noqa: E402
 
 
 def main():

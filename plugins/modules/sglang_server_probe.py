@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_server_host import not_released_message, snapshot, wait_released
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import (
+    not_released_message,
+    snapshot,
+    wait_released,
+)
 
 DOCUMENTATION = r"""
 module: sglang_server_probe

@@ -17,26 +17,15 @@ import contextlib
 import os
 import re
 
-try:  # inside an Ansible module (AnsiballZ bundles it)
-    from ansible.module_utils.nvidia_smi_parse import (
-        NvidiaSmiParseError,
-        compute_cap_to_arch,
-        parse_csv_query,
-        parse_driver_failure,
-        parse_p2p_matrix,
-        parse_smi_header,
-        parse_topo_matrix,
-    )
-except ImportError:  # unit tests and plain scripts put module_utils/ on sys.path
-    from nvidia_smi_parse import (  # type: ignore[no-redef]
-        NvidiaSmiParseError,
-        compute_cap_to_arch,
-        parse_csv_query,
-        parse_driver_failure,
-        parse_p2p_matrix,
-        parse_smi_header,
-        parse_topo_matrix,
-    )
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_smi_parse import (
+    NvidiaSmiParseError,
+    compute_cap_to_arch,
+    parse_csv_query,
+    parse_driver_failure,
+    parse_p2p_matrix,
+    parse_smi_header,
+    parse_topo_matrix,
+)
 
 SCHEMA_VERSION = 1
 

@@ -31,7 +31,7 @@ options:
     type: dict
     required: true
   overrides:
-    description: C({"nccl_env": {...}, "sglang_flags": {...}}); a null value removes a derived value.
+    description: 'C({"nccl_env": {...}, "sglang_flags": {...}}); a null value removes a derived value.'
     type: dict
     default: {}
   nnodes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_server_host import (
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import (
     current_phase,
     http,
     journal_lines,

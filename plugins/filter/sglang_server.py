@@ -17,7 +17,8 @@ description:
   - C(args) maps SGLang long option names (without C(--)) to values. C(true) renders a bare flag,
     C(false)/C(null) omits the option, a list renders one flag followed by its values
     (C(--cuda-graph-bs 1 2 4)), a mapping renders as a JSON string, anything else as its string form.
-  - The shapes are checked against the argument table of the pinned SGLang (files/sglang-args-<version>.json):
+  - The shapes are checked against the argument table of the pinned SGLang
+    (roles/sglang_server/files/sglang-args-<version>.json); errors are
     a switch given a value, a value option given C(true), a list for a single-value option, two
     spellings of one option (C(model) and C(model-path)), deprecated options and secrets
     (C(api-key), C(admin-api-key)) are errors.
@@ -31,7 +32,10 @@ options:
     required: true
 """
 
-ARGS_TABLE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "files", "sglang-args-0.5.9.json")
+# The option table is the sglang_server role's file (roles/sglang_server/files), beside this plugin in the collection.
+ARGS_TABLE_FILE = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "roles", "sglang_server", "files", "sglang-args-0.5.9.json"
+)
 SECRET_OPTIONS = {"--api-key": "sglang_server_api_key", "--admin-api-key": "sglang_server_api_key"}
 # Options that are the engine's own business in the role (the role adds them itself).
 ROLE_OPTIONS = {"--config": "the role passes --config itself (secret arguments file)"}

@@ -8,7 +8,7 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_server_host import (
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import (
     drain_account,
     engine_load,
     journal_lines,
@@ -25,11 +25,11 @@ short_description: Stop the SGLang unit and wait until its GPUs are free, or ins
 description:
   - The two halves of a restart in one round trip each, so the time the server is down is not stretched
     by task overhead.
-  - I(action=stop) runs C(systemctl stop) (SIGTERM to the main process, which drains: KillMode=mixed; bounded
+  - I(action=stop) runs C(systemctl stop) (SIGTERM to the main process, which drains with KillMode=mixed; bounded
     by TimeoutStopSec, then SIGKILL to the control group) and waits until no process of the unit is left and
     the server's GPUs show at most I(idle_memory_mib) used; otherwise it fails naming the PIDs that hold
     memory (I(fail_unreleased)).
-  - The stop is accounted for in C(drain): the requests in flight right before it (SGLang's C(/v1/loads),
+  - The stop is accounted for in C(drain) - the requests in flight right before it (SGLang's C(/v1/loads),
     else C(/metrics), at I(base_url)), the drain's own counts from the journal ("Gracefully exiting...
     Remaining number of requests N"), systemd's Result of the stop, and how many requests were cut.
   - I(action=start) installs the files (atomic rename, root-owned, given mode), reloads systemd when a file
