@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-spec = importlib.util.spec_from_file_location("pgv", ROOT / "roles/proxmox_gpu_vm/filter_plugins/proxmox_gpu_vm.py")
+spec = importlib.util.spec_from_file_location("pgv", ROOT / "plugins/filter/proxmox_gpu_vm.py")
 pgv = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(pgv)
 NCCL = json.loads((ROOT / "tests/unit/fixtures/h200-device/nccl-allreduce.json").read_text())
