@@ -70,7 +70,8 @@ def rendered(*hosts: str) -> dict:
     """The merged flags, rank and nodes of each host, as Ansible renders them (one ad-hoc run)."""
     expr = (
         "{{ {'argv': sglang_server_args | gpufleet.fleet.sglang_argv, 'rank': sglang_server_node_rank | int,"
-        " 'nodes': sglang_server_nodes, 'key_problem': sglang_server_api_key | gpufleet.fleet.sglang_api_key_problem} | to_json }}"
+        " 'nodes': sglang_server_nodes,"
+        " 'key_problem': sglang_server_api_key | gpufleet.fleet.sglang_api_key_problem} | to_json }}"
     )
     proc = run(
         str(BIN / "ansible"), ",".join(hosts), "-i", str(INV), "--vault-password-file", str(PASSWORD),
