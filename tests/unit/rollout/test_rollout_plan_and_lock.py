@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -12,12 +11,7 @@ import pytest
 from ansible.executor.playbook_executor import PlaybookExecutor
 from ansible.module_utils.testing import patch_module_args
 
-REPO = Path(__file__).resolve().parents[3]
-for sub in ("roles/rollout/filter_plugins", "roles/rollout/library", "roles/fleet_router/filter_plugins"):
-    sys.path.insert(0, str(REPO / sub))
-
-rollout = importlib.import_module("rollout")
-fleet_router = importlib.import_module("fleet_router")
+from ansible_collections.gpufleet.fleet.plugins.filter import fleet_router, rollout
 
 
 class _Play:
@@ -93,7 +87,7 @@ def test_extra_smg_flags():
 
 @pytest.fixture
 def lock(capsys):
-    mod = importlib.import_module("fleet_lock")
+    mod = importlib.import_module("ansible_collections.gpufleet.fleet.plugins.modules.fleet_lock")
 
     def _run(args: dict):
         with patch_module_args(args), pytest.raises(SystemExit) as exc:
