@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from ansible.executor.playbook_executor import PlaybookExecutor
 from ansible.module_utils.testing import patch_module_args
-
 from ansible_collections.gpufleet.fleet.plugins.filter import fleet_router, rollout
 
 
