@@ -62,8 +62,10 @@ def main_pid(c: dict) -> str:
 
 def refused_untouched(c: dict, path: str, extra: dict, *named: str) -> str:
     """Run, expect a refusal naming every string in `named`, with the server untouched and no stage run."""
+    if main_pid(c) in ("", "0"):  # an earlier case left it stopped (as today's main does): start it again
+        rc, out = playbook(c, "playbooks/deploy_server.yml", GOOD)
+        assert rc == 0, out[-3000:]
     pid = main_pid(c)
-    assert pid not in ("", "0")
     rc, out = playbook(c, path, {**GOOD, **extra})
     assert rc != 0, out[-3000:]
     missing = [n for n in named if n not in out]
@@ -75,10 +77,28 @@ def refused_untouched(c: dict, path: str, extra: dict, *named: str) -> str:
     return out
 
 
-def test_row1_bad_smoke_regex_is_refused_before_the_server_stops(ctx):
-    prompts = [{"prompt": "What is the capital of France? Answer in one word.", "expect": "(unclosed", "max_tokens": 64}]
-    extra = {"sglang_server_args_host": {"enable-metrics": True}, "sglang_server_smoke_prompts": prompts}
-    refused_untouched(ctx, "playbooks/deploy_server.yml", extra, "sglang_server_smoke_prompts[0].expect", "(unclosed")
+def test_rows_1_7_regex_key_and_port_refused_before_the_server_stops(ctx):
+    # Row 1 (the issue's command: a new flag and a smoke regex that does not compile), row 7 (an empty key on
+    # 0.0.0.0 without the opt-in) and row 5's port 70000, in one run of the server stage: all named at once.
+    prompts = [
+        {"prompt": "What is the capital of France? Answer in one word.", "expect": "(unclosed", "max_tokens": 64}
+    ]
+    extra = {
+        "sglang_server_args_host": {"enable-metrics": True, "port": 70000},
+        "sglang_server_smoke_prompts": prompts,
+        "sglang_server_api_key": "",
+        "sglang_server_allow_unauthenticated": False,
+    }
+    refused_untouched(
+        ctx,
+        "playbooks/deploy_server.yml",
+        extra,
+        "sglang_server_smoke_prompts[0].expect",
+        "(unclosed",
+        "port=70000",
+        "sglang_server_api_key is empty",
+        "sglang_server_allow_unauthenticated",
+    )
 
 
 def test_row4_bad_serial_is_refused_naming_it_before_any_stage(ctx):
@@ -86,26 +106,17 @@ def test_row4_bad_serial_is_refused_naming_it_before_any_stage(ctx):
     assert "Traceback" not in out
 
 
-def test_row5_bad_flags_are_refused_in_preflight(ctx):
-    args = {"mem-fraction-static": 1.2, "max-running-request": 8, "served-model-name": "glm:5", "port": 70000}
-    refused_untouched(
-        ctx,
-        "deploy.yml",
-        {"sglang_server_args_host": args},
-        "mem-fraction-static=1.2",
-        "--max-running-request is not an option",
-        "served-model-name glm:5",
-        "port=70000",
-    )
-
-
-def test_row5_port_of_another_program_is_refused_in_preflight(ctx):
+def test_row5_bad_flags_and_a_taken_port_are_refused_in_preflight(ctx):
     on(ctx["host"], "systemd-run --unit=val-squatter python3 -m http.server 8123 --bind 0.0.0.0")
     try:
+        args = {"mem-fraction-static": 1.2, "max-running-request": 8, "served-model-name": "glm:5", "port": 8123}
         refused_untouched(
             ctx,
             "deploy.yml",
-            {"sglang_server_args_host": {"port": 8123}},
+            {"sglang_server_args_host": args},
+            "mem-fraction-static=1.2",
+            "--max-running-request is not an option",
+            "served-model-name glm:5",
             "port 8123 is taken by another program",
             "val-squatter",
         )
@@ -113,19 +124,11 @@ def test_row5_port_of_another_program_is_refused_in_preflight(ctx):
         on(ctx["host"], "systemctl stop val-squatter.service", check=False)
 
 
-def test_row7_empty_key_on_a_public_listener_needs_the_opt_in(ctx):
-    extra = {"sglang_server_api_key": "", "sglang_server_allow_unauthenticated": False}
-    refused_untouched(
-        ctx, "playbooks/deploy_server.yml", extra, "sglang_server_api_key is empty", "sglang_server_allow_unauthenticated"
-    )
-
-
 def test_row8_a_removed_key_leaves_no_copy_on_the_host(ctx):
-    # The baseline deploy ran with KEY; a second version with it makes sure a kept copy exists.
-    rc, out = playbook(ctx, "playbooks/deploy_server.yml", {**GOOD, "sglang_server_args_host": {"enable-metrics": True}})
-    assert rc == 0, out[-3000:]
+    # The baseline deploy ran with KEY and kept it as last-good; deploying without it moves that to previous-good.
     assert on(ctx["host"], f"grep -rlF -- {KEY} /var/lib/gpufleet /etc").strip(), "the key was never on the host"
-    rc, out = playbook(ctx, "playbooks/deploy_server.yml", {"sglang_server_api_key": "", "sglang_server_allow_unauthenticated": True})
+    extra = {"sglang_server_api_key": "", "sglang_server_allow_unauthenticated": True}
+    rc, out = playbook(ctx, "playbooks/deploy_server.yml", extra)
     assert rc == 0, out[-3000:]
     left = on(ctx["host"], f"grep -rlF -- {KEY} /var/lib/gpufleet /etc /run; true").strip()
     assert left == "", f"copies of the removed key: {left}"

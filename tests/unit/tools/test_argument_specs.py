@@ -170,7 +170,7 @@ def test_every_variable_of_every_role_is_refused_with_a_wrong_value(ansible_temp
                 covered += 1
             else:
                 uncovered.append(f"{role}: {name} ({opts[name].get('type')})")
-        for name, value in by_task.items():
+        for name in by_task:
             if opts[name].get("no_log"):
                 assert f"s3cr3t-{name}" not in text, f"{role}: the value of the secret {name} is shown"
     with capsys.disabled():
@@ -208,17 +208,19 @@ def test_validate_inputs_first_and_the_same_generic_checks_in_every_role():
     generic = None
     for role in ROLES:
         tasks = yaml.safe_load((ROOT / "roles" / role / "tasks" / "validate_inputs.yml").read_text())
-        assert "ansible.builtin.validate_argument_spec" in tasks[0], f"{role}: validate_inputs starts with the spec check"
+        assert "ansible.builtin.validate_argument_spec" in tasks[0], (
+            f"{role}: validate_inputs starts with the spec check"
+        )
         text = yaml.safe_dump(tasks[:2], width=10**6).replace(f"_{role}_", "_ROLE_").replace(f"{role}: ", "ROLE: ")
         generic = generic or text
         assert text == generic, f"roles/{role}/tasks/validate_inputs.yml: its first two tasks drifted from the others"
-    main_first = {
-        role: yaml.safe_load((ROOT / "roles" / role / "tasks" / "main.yml").read_text())[0] for role in ROLES
-    }
+    main_first = {role: yaml.safe_load((ROOT / "roles" / role / "tasks" / "main.yml").read_text())[0] for role in ROLES}
     for role, task in main_first.items():
         text = json.dumps(task)
-        assert "validate_inputs.yml" in text or (role == "ml_env" and "rollback" in text) or (
-            role == "sglang_server" and "validate.yml" in text
+        assert (
+            "validate_inputs.yml" in text
+            or (role == "ml_env" and "rollback" in text)
+            or (role == "sglang_server" and "validate.yml" in text)
         ), f"{role}: tasks/main.yml must check its inputs first: {text}"
 
 
