@@ -3,12 +3,7 @@ compiles them, loopback listeners told from public ones, the pinned argument tab
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-ROLE = Path(__file__).resolve().parents[3] / "roles" / "sglang_server"
-sys.path.insert(0, str(ROLE / "filter_plugins"))
-import sglang_server as f  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as f
 
 
 def test_a_smoke_regex_that_does_not_compile_is_named_with_its_index():
