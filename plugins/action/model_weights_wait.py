@@ -2,7 +2,7 @@
 
 Polls the job (async_status) every few seconds and, every ``interval`` seconds, prints one line per host with
 bytes done, total, rate and ETA, read from the job's progress file. Returns the job's own result (so the task
-fails with the module's message when staging failed). Documentation: library/model_weights_wait.py.
+fails with the module's message when staging failed). Documentation: plugins/modules/model_weights_wait.py.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import human
 
 display = Display()
 
@@ -28,14 +29,6 @@ ASYNC_KEYS = (
     "stderr_lines",
     "erased",
 )
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def duration(seconds: float | None) -> str:
@@ -56,8 +49,8 @@ def progress_line(host: str, label: str, p: dict) -> str:
     done, total = p.get("bytes_done", 0), p["bytes_total"]
     current = ", ".join(p.get("current") or [])
     return (
-        f"{head}: {human(done)} / {human(total)} ({100 * done / total:.0f}%), "
-        f"{human(p.get('rate_bps') or 0)}/s, ETA {duration(p.get('eta_s'))}, "
+        f"{head}: {human(done, 1)} / {human(total, 1)} ({100 * done / total:.0f}%), "
+        f"{human(p.get('rate_bps') or 0, 1)}/s, ETA {duration(p.get('eta_s'))}, "
         f"files {p.get('files_done', 0)}/{p.get('files_total', 0)}" + (f" ({current})" if current else "")
     )
 

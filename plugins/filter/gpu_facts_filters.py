@@ -16,6 +16,7 @@ directly on real captures.
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 DOCUMENTATION = r"""
 name: gpu_comm_settings
@@ -418,31 +419,17 @@ def _problem(host, check, message, fact, variable, fix):
     }
 
 
-def gpu_preflight_problems(facts, settings):
-    """Return ``{"errors": [problem], "warnings": [problem], "summary": {...}}`` for one host.
-
-    ``settings`` keys: host, cuda_version, cuda_driver_floors, arch_min_cuda, arch_max_cuda,
-    server_args (SGLang option -> value), nnodes, own_units, idle_memory_mib,
-    disk_requirements ([{path, min_free_gib, purpose}]), comm (gpu_comm_settings output).
-    Every problem names the host, the fact, the variable and the fix (``text`` joins them).
-    """
-    _require_facts(facts)
-    s = settings or {}
-    host = s.get("host", "this host")
-    errors, warnings = [], []
-    gpu_count = int(facts.get("gpu_count") or 0)
-    archs = facts.get("archs") or []
-    cuda = str(s.get("cuda_version", "12.8"))
-    missing = [k for k in ("cuda_driver_floors", "arch_min_cuda", "arch_max_cuda") if k not in s]
-    if missing:
-        raise ValueError(f"gpu_preflight_problems needs the settings {', '.join(missing)}")
-    floors = s["cuda_driver_floors"]
-    arch_min = s["arch_min_cuda"]
-    arch_max = s["arch_max_cuda"]
-    driver = facts.get("driver_version")
-    summary = {"host": host, "cuda_version": cuda, "driver_version": driver, "gpu_count": gpu_count}
-
-    # 1. driver
+def _check_driver(c):
+    """The driver loads and is new enough for the CUDA to be installed (False: stop, nothing else can be read)."""
+    host, facts, errors, summary, cuda, floors, driver = (
+        c.host,
+        c.facts,
+        c.errors,
+        c.summary,
+        c.cuda,
+        c.floors,
+        c.driver,
+    )
     if not facts.get("driver_loaded", True):
         errors.append(
             _problem(
@@ -454,7 +441,7 @@ def gpu_preflight_problems(facts, settings):
                 "install and load the NVIDIA driver (a reboot after installing), then rerun the preflight",
             )
         )
-        return {"errors": errors, "warnings": warnings, "summary": summary}
+        return False
     floor = floors.get(cuda)
     if floor is None:
         errors.append(
@@ -480,8 +467,20 @@ def gpu_preflight_problems(facts, settings):
             )
         )
     summary["driver_floor"] = floor
+    return True
 
-    # 2. compute capability
+
+def _check_arch(c):
+    """Every GPU architecture is supported by the CUDA to be installed."""
+    host, errors, warnings, archs, cuda, arch_min, arch_max = (
+        c.host,
+        c.errors,
+        c.warnings,
+        c.archs,
+        c.cuda,
+        c.arch_min,
+        c.arch_max,
+    )
     for arch in archs:
         lo, hi = arch_min.get(arch), arch_max.get(arch)
         if lo is None:
@@ -518,8 +517,18 @@ def gpu_preflight_problems(facts, settings):
                 )
             )
 
-    # 3. parallelism against GPUs
-    args = _norm_args(s.get("server_args"))
+
+def _check_parallelism(c):
+    """tp x pp (x dp) fits the GPUs of the nodes the server spans."""
+    host, s, errors, warnings, summary, gpu_count, args = (
+        c.host,
+        c.s,
+        c.errors,
+        c.warnings,
+        c.summary,
+        c.gpu_count,
+        c.args,
+    )
     nnodes_raw = s.get("nnodes", 1)
     try:
         nnodes = int(nnodes_raw)
@@ -585,7 +594,10 @@ def gpu_preflight_problems(facts, settings):
                     )
                 )
 
-    # 4. GPUs idle or only ours
+
+def _check_gpus_idle(c):
+    """The GPUs are idle or held only by our own service units."""
+    host, facts, s, errors, summary = (c.host, c.facts, c.s, c.errors, c.summary)
     own = set(s.get("own_units") or [])
     idle_mib = int(s.get("idle_memory_mib", 512))
     processes = facts.get("processes") or []
@@ -624,7 +636,10 @@ def gpu_preflight_problems(facts, settings):
                 )
             )
 
-    # 5. disk space
+
+def _check_disk(c):
+    """Every path of disk_requirements has the free space it needs."""
+    host, facts, s, errors, warnings = (c.host, c.facts, c.s, c.errors, c.warnings)
     disk = {d.get("path"): d for d in facts.get("disk") or []}
     for req in s.get("disk_requirements") or []:
         path, need = req.get("path"), float(req.get("min_free_gib", 0))
@@ -655,7 +670,10 @@ def gpu_preflight_problems(facts, settings):
                 )
             )
 
-    # 6. backends for the architecture
+
+def _check_backends(c):
+    """Attention backends, quantization and fusion options suit the architecture."""
+    host, warnings, archs, args = (c.host, c.warnings, c.archs, c.args)
     arch_set = set(archs)
     for key in _BACKEND_KEYS:
         value = str(args.get(key) or "")
@@ -731,7 +749,10 @@ def gpu_preflight_problems(facts, settings):
             )
         )
 
-    # 7. communication settings and host oddities
+
+def _check_comm(c):
+    """The derived communication settings' errors and warnings, as problems."""
+    host, facts, s, errors, warnings = (c.host, c.facts, c.s, c.errors, c.warnings)
     comm = s.get("comm") or {}
     for text in comm.get("errors") or []:
         errors.append(
@@ -755,6 +776,43 @@ def gpu_preflight_problems(facts, settings):
                 "review; see docs/gpu-facts.md",
             )
         )
+
+
+# The checks after the driver's, in the order their problems are listed.
+PREFLIGHT_CHECKS = (_check_arch, _check_parallelism, _check_gpus_idle, _check_disk, _check_backends, _check_comm)
+
+
+def gpu_preflight_problems(facts, settings):
+    """Return ``{"errors": [problem], "warnings": [problem], "summary": {...}}`` for one host.
+
+    ``settings`` keys: host, cuda_version, cuda_driver_floors, arch_min_cuda, arch_max_cuda,
+    server_args (SGLang option -> value), nnodes, own_units, idle_memory_mib,
+    disk_requirements ([{path, min_free_gib, purpose}]), comm (gpu_comm_settings output).
+    Every problem names the host, the fact, the variable and the fix (``text`` joins them).
+    """
+    _require_facts(facts)
+    s = settings or {}
+    host = s.get("host", "this host")
+    errors, warnings = [], []
+    gpu_count = int(facts.get("gpu_count") or 0)
+    archs = facts.get("archs") or []
+    cuda = str(s.get("cuda_version", "12.8"))
+    missing = [k for k in ("cuda_driver_floors", "arch_min_cuda", "arch_max_cuda") if k not in s]
+    if missing:
+        raise ValueError(f"gpu_preflight_problems needs the settings {', '.join(missing)}")
+    floors = s["cuda_driver_floors"]
+    arch_min = s["arch_min_cuda"]
+    arch_max = s["arch_max_cuda"]
+    driver = facts.get("driver_version")
+    summary = {"host": host, "cuda_version": cuda, "driver_version": driver, "gpu_count": gpu_count}
+    c = SimpleNamespace(
+        host=host, facts=facts, s=s, errors=errors, warnings=warnings, summary=summary, gpu_count=gpu_count,
+        archs=archs, cuda=cuda, floors=floors, arch_min=arch_min, arch_max=arch_max, driver=driver,
+        args=_norm_args(s.get("server_args")),
+    )  # fmt: skip
+    if _check_driver(c):
+        for check in PREFLIGHT_CHECKS:
+            check(c)
     return {"errors": errors, "warnings": warnings, "summary": summary}
 
 

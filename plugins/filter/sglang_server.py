@@ -10,6 +10,8 @@ import json
 import os
 import re
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_help import help_options
+
 DOCUMENTATION = r"""
 name: sglang_argv
 short_description: Render a mapping of SGLang options into the server's argv
@@ -39,9 +41,6 @@ ARGS_TABLE_FILE = os.path.join(
 SECRET_OPTIONS = {"--api-key": "sglang_server_api_key", "--admin-api-key": "sglang_server_api_key"}
 # Options that are the engine's own business in the role (the role adds them itself).
 ROLE_OPTIONS = {"--config": "the role passes --config itself (secret arguments file)"}
-# A whole option string only: argparse wraps long help lines at hyphens, so prose such as "'--tokenizer-"
-# + newline + "metrics-...'" must not yield "--tokenizer-" (or "--tokenizer") as an option (sglang 0.5.9's real --help).
-HELP_OPTION_RE = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*(?<!-)(?![\w-])")
 SAFE_ARG_RE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
 _TABLE_CACHE: dict[str, dict] = {}
@@ -157,8 +156,8 @@ def sglang_rendered_options(args) -> list[str]:
 
 
 def sglang_help_options(help_text) -> list[str]:
-    """Every option string printed by ``python -m <module> --help``."""
-    return sorted(set(HELP_OPTION_RE.findall(help_text or "")))
+    """Every option string printed by ``python -m <module> --help`` (module_utils/sglang_help.py)."""
+    return help_options(help_text)
 
 
 def sglang_flag_problems(args, help_options, where="the installed engine") -> list[str]:

@@ -1,8 +1,8 @@
 """Assemble the ``gpu_facts`` fact tree from nvidia-smi outputs (and optional NVML).
 
 Pure standard-library Python, importable by the ``gpu_facts`` module (as
-``ansible.module_utils.gpu_facts_collect``), by the unit tests and by plain scripts (the
-real-GPU evidence run).  Parsing of nvidia-smi text is delegated to
+``ansible_collections.gpufleet.fleet.plugins.module_utils.gpu_facts_collect``) and by the unit tests.
+Parsing of nvidia-smi text is delegated to
 ``nvidia_smi_parse``; this file only decides *which* commands to run and turns their parsed
 output into one documented structure (see docs/gpu-facts.md, "Facts schema").
 
@@ -25,6 +25,14 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_smi_parse im
     parse_p2p_matrix,
     parse_smi_header,
     parse_topo_matrix,
+)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.procfs import (  # noqa: F401  (redact_cmdline: API)
+    pid_alive,
+    pid_cmdline,
+    pid_unit,
+    pid_user,
+    redact_cmdline,
+    user_name,
 )
 
 SCHEMA_VERSION = 1
@@ -183,99 +191,25 @@ def build_p2p(p2p, gpu_count, nvml_status=None):
 
 
 def _unit_of(pid, proc_root="/proc"):
-    """The systemd unit (``*.service``/``*.scope``) a process runs in, from its cgroup path."""
-    try:
-        with open(os.path.join(proc_root, str(pid), "cgroup"), encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        for part in reversed(path.split("/")):
-            if part.endswith((".service", ".scope")):
-                return part
-    return None
+    """The systemd unit of a process for the facts: None when it is gone or its cgroup names no unit."""
+    return pid_unit(pid, proc_root) or None
 
 
-# Command-line options whose value is a secret (``--api-key X``, ``--hf-token=X``, ``--password X``) and
-# ``NAME=value`` words whose name says so (``HF_TOKEN=hf_...``): masked before a command line is shown.
-_SECRET_WORD = re.compile(
-    r"(?i)(api[-_]?key|(?<![a-z])key(?![a-z])|token(?![a-z])|secret|passw(or)?d|credential|auth(?![a-z]))"
-)
-CMDLINE_MAX = 300
-
-
-def redact_cmdline(words):
-    """A process's argv as one line for messages, secrets masked (``***``), at most ``CMDLINE_MAX`` chars.
-
-    Identical in roles/sglang_server/module_utils/sglang_server_host.py (a unit test holds both to the
-    same cases).
-    """
-    shown, hide_next = [], False
-    for word in words:
-        if hide_next:
-            shown.append("***")
-            hide_next = False
-            continue
-        name, eq, _value = word.partition("=")
-        if word.startswith("-") and _SECRET_WORD.search(name):
-            if eq:
-                shown.append(f"{name}=***")
-            else:
-                shown.append(word)
-                hide_next = True
-            continue
-        if (
-            eq
-            and not word.startswith("-")
-            and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)
-            and _SECRET_WORD.search(name)
-        ):
-            shown.append(f"{name}=***")
-            continue
-        shown.append(word)
-    text = " ".join(w if w and not re.search(r"\s", w) else repr(w) for w in shown)
-    return text if len(text) <= CMDLINE_MAX else text[: CMDLINE_MAX - 3] + "..."
-
-
-def _user_name(uid):
-    try:
-        import pwd  # noqa: PLC0415  (POSIX only; the module runs on Linux hosts)
-
-        return pwd.getpwuid(uid).pw_name
-    except (ImportError, KeyError):
-        return str(uid)
-
-
-def _proc_info(pid, proc_root="/proc", user_name=_user_name):
+def _proc_info(pid, proc_root="/proc", user_name=user_name):
     """``{alive, uid, user, cmdline}`` of a process from ``/proc/<pid>`` (``alive`` False when gone or a zombie).
 
     The user is the real UID of ``/proc/<pid>/status`` (line ``Uid:``) by name; the command line is
-    ``/proc/<pid>/cmdline`` with secrets masked (:func:`redact_cmdline`).
+    ``/proc/<pid>/cmdline`` with secrets masked (:func:`procfs.redact_cmdline`).
     """
-    base = os.path.join(proc_root, str(pid))
-    info = {"alive": False, "uid": None, "user": None, "cmdline": ""}
-    try:
-        with open(os.path.join(base, "status"), encoding="utf-8", errors="replace") as fh:
-            status = fh.read()
-    except OSError:
-        return info
-    state = re.search(r"^State:\s*(\S)", status, re.M)
-    uid = re.search(r"^Uid:\s*(\d+)", status, re.M)
-    info["alive"] = not (state and state.group(1) in ("Z", "X"))
-    if uid:
-        info["uid"] = int(uid.group(1))
-        info["user"] = user_name(info["uid"])
-    try:
-        with open(os.path.join(base, "cmdline"), "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        raw = b""
-    words = [w.decode("utf-8", "replace") for w in raw.split(b"\0")]
-    while words and words[-1] == "":
-        words.pop()
-    info["cmdline"] = redact_cmdline(words)
-    return info
+    if not os.path.exists(os.path.join(proc_root, str(pid), "status")):
+        return {"alive": False, "uid": None, "user": None, "cmdline": ""}
+    uid, user = pid_user(pid, proc_root, name_of=user_name)
+    return {
+        "alive": pid_alive(pid, proc_root),
+        "uid": uid,
+        "user": user,
+        "cmdline": pid_cmdline(pid, proc_root),
+    }
 
 
 def build_processes(rows, gpus, unit_of=_unit_of, proc_info=_proc_info):

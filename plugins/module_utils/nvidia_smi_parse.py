@@ -1,9 +1,8 @@
 """Parsers for the text that ``nvidia-smi`` prints.
 
-Pure standard-library Python: this file is an Ansible role-level ``module_utils``
-(imported by the ``gpu_facts`` module as ``from ansible.module_utils.nvidia_smi_parse
-import ...``) and is also imported directly by the unit tests, so it must not import
-``ansible``.
+Pure standard-library Python: this file is a ``module_utils`` of the collection (imported by the
+``gpu_facts`` module as ``ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_smi_parse``) and is
+also imported directly by the unit tests, so it must not import ``ansible``.
 
 The formats handled here were checked against real captures from a 2x H200 VM
 (driver 580.159.04) and against the shapes newer and older drivers print:

@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Documentation of the model_weights_wait action (the code is action_plugins/model_weights_wait.py)."""
+"""Documentation of the model_weights_wait action (the code is plugins/action/model_weights_wait.py)."""
 
 from __future__ import annotations
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_help import help_options
 
 DOCUMENTATION = r"""
 module: sglang_server_engine_help
@@ -61,10 +61,6 @@ cached:
   type: bool
 """
 
-# A whole option string only: argparse wraps long help lines at hyphens, so prose such as "'--tokenizer-"
-# + newline + "metrics-...'" must not yield "--tokenizer-" (or "--tokenizer") as an option (sglang 0.5.9's real --help).
-OPTION_RE = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*(?<!-)(?![\w-])")
-
 
 def main():
     module = AnsibleModule(
@@ -105,7 +101,7 @@ def main():
             os.replace(tmp, path)
     module.exit_json(
         changed=False,
-        options=sorted(set(OPTION_RE.findall(text))),
+        options=help_options(text),
         first_line=(text.splitlines() or [""])[0],
         cached=cached,
     )

@@ -1,4 +1,4 @@
-"""The gpu_facts module as Ansible runs it (AnsiballZ, role module_utils), with the lab's simulated nvidia-smi."""
+"""The gpu_facts module as Ansible runs it (AnsiballZ, the collection module_utils), with simulated nvidia-smi."""
 
 from __future__ import annotations
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+from ansible_collections.gpufleet.fleet.plugins.filter import proxmox_gpu_vm as pgv
+
 ROOT = Path(__file__).resolve().parents[3]
-spec = importlib.util.spec_from_file_location("pgv", ROOT / "roles/proxmox_gpu_vm/filter_plugins/proxmox_gpu_vm.py")
-pgv = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(pgv)
 NCCL = json.loads((ROOT / "tests/unit/fixtures/h200-device/nccl-allreduce.json").read_text())
 
 

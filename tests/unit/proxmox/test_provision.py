@@ -100,15 +100,8 @@ def scenario(tmp_path_factory):
         drain_log = tmp / "drain.log"
         n = len(server.sim.writes)
         hook = f"proxmox_gpu_vm_drain_tasks={HERE / 'drain_hook.yml'}"
-        out["fourth"] = r.run(
-            "playbooks/provision.yml",
-            "-e",
-            "proxmox_gpu_vm_apply_pending=true",
-            "-e",
-            hook,
-            "-e",
-            f"drain_log={drain_log}",
-        )
+        with_drain = ("-e", "proxmox_gpu_vm_apply_pending=true", "-e", hook, "-e", f"drain_log={drain_log}")
+        out["fourth"] = r.run("playbooks/provision.yml", *with_drain)
         out["fourth_writes"] = server.sim.writes[n:]
         out["drain_log"] = drain_log.read_text() if drain_log.exists() else ""
         out["fourth_configs"] = {v: config_of(server.sim, v) for v in (201, 202, 203)}
@@ -118,12 +111,7 @@ def scenario(tmp_path_factory):
             str(HERE / "verify_clique.yml"),
             "-l",
             "gpu-a1",
-            "-e",
-            "proxmox_gpu_vm_apply_pending=true",
-            "-e",
-            hook,
-            "-e",
-            f"drain_log={drain_log}",
+            *with_drain,
             "-e",
             "proxmox_gpu_vm_clique_baseline_busbw_gbps=300",
             "-e",

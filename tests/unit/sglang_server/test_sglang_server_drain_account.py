@@ -1,4 +1,4 @@
-"""module_utils/sglang_server_host.py: requests in flight before a stop, and how many the stop cut."""
+"""plugins/module_utils/sglang_server_host.py: requests in flight before a stop, and how many the stop cut."""
 
 from __future__ import annotations
 
