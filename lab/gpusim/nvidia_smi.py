@@ -16,8 +16,8 @@ Simulated commands: plain ``nvidia-smi``, ``-q``, ``-L``, ``--query-gpu=...``,
 ``--query-compute-apps=...`` (``--format=csv[,noheader][,nounits]``, ``-i``), ``topo -m``,
 ``topo -mp``, ``topo -p2p r|w|n|a|p``, ``nvlink -s``, ``--version``, ``-h``.
 ``-r``/``--gpu-reset [-i ids]`` (the refusal while a process uses the device, and the release of leaked
-allocations; see lab/gpusim/README.md). The one option the real tool lacks: ``--gpusim-reset`` clears the allocations registry
-(leaked allocations included).
+allocations; see lab/gpusim/README.md). The one option the real tool lacks: ``--gpusim-reset`` clears the
+allocations registry (leaked allocations included).
 
 Environment for tests: ``GPUSIM_TIMESTAMP`` (a literal timestamp string to print instead
 of the current time) and ``GPUSIM_NO_REPLAY=1`` (always render, never replay captures).
