@@ -1,7 +1,7 @@
 """The simulated nvidia-smi (lab/gpusim/nvidia_smi.py), run as a subprocess.
 
 Checked against the real 2x H200 captures copied to tests/unit/fixtures/h200x2-vm/, and
-through the production parser (roles/gpu_facts/module_utils/nvidia_smi_parse.py).
+through the production parser (plugins/module_utils/nvidia_smi_parse.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ REPO = Path(__file__).resolve().parents[3]
 SIM = REPO / "lab" / "gpusim" / "nvidia_smi.py"
 PROFILES = REPO / "lab" / "gpusim" / "profiles"
 FIXTURES = REPO / "tests" / "unit" / "fixtures" / "h200x2-vm"
-sys.path.insert(0, str(REPO / "roles" / "gpu_facts" / "module_utils"))
 
-import nvidia_smi_parse as nsp  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import nvidia_smi_parse as nsp  # noqa: E402
 
 SIM_LINE = "gpufleet lab simulator: this is not NVIDIA's nvidia-smi"
 CAPTURE_TS = "Sun Nov 29 20:59:44 2026"

@@ -19,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "lab"))
-MODULE_PATH = REPO / "roles" / "model_weights" / "library" / "model_weights_stage.py"
+MODULE_PATH = REPO / "plugins" / "modules" / "model_weights_stage.py"
 
 from testhub.model import REPO_ID, generate  # noqa: E402
 from testhub.server import make_server  # noqa: E402

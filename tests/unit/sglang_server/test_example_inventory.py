@@ -62,13 +62,13 @@ def rendered(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("example")
     (tmp / "facts.json").write_text(json.dumps({"gpu_facts_comm": comm}))
     expr = (
-        "{{ {'argv': sglang_server_args | sglang_argv, 'nccl': gpu_facts_comm.nccl_env, "
+        "{{ {'argv': sglang_server_args | gpufleet.fleet.sglang_argv, 'nccl': gpu_facts_comm.nccl_env, "
         "'omp': sglang_server_omp_num_threads | string, "
         "'cuda_home': cuda_toolkit_home | default('/usr/local/cuda-' ~ cuda_toolkit_version)} | to_json }}"
     )
     env = dict(
         os.environ,
-        ANSIBLE_FILTER_PLUGINS=str(REPO / "roles" / "sglang_server" / "filter_plugins"),
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
         ANSIBLE_CALLBACK_RESULT_FORMAT="json",
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
@@ -107,8 +107,7 @@ def test_sglang_parses_both_command_lines_to_the_same_arguments(rendered):
 
 
 def test_every_rendered_option_is_an_exact_sglang_option(rendered):
-    sys.path.insert(0, str(REPO / "roles" / "sglang_server" / "filter_plugins"))
-    import sglang_server as f
+    from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as f
 
     table = f.load_table()
     assert [o for o, _ in options(rendered["argv"]) if o not in table] == []

@@ -17,14 +17,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-for sub in ("sglang_server/module_utils", "gpu_facts/module_utils", "gpu_facts/filter_plugins"):
-    sys.path.insert(0, str(REPO / "roles" / sub))
 sys.path.insert(0, str(REPO / "tests" / "unit" / "gpu_facts"))
 
-import gpu_facts_collect as gfc  # noqa: E402
-import gpu_facts_filters as gff  # noqa: E402
-import nvidia_smi_parse as nsp  # noqa: E402
-import sglang_server_host as ssh  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.filter import gpu_facts_filters as gff  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpu_facts_collect as gfc  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import nvidia_smi_parse as nsp  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_host as ssh  # noqa: E402
 from gpu_facts_helpers import device_facts  # noqa: E402
 
 CAPTURE = REPO / "tests" / "unit" / "fixtures" / "h200-device" / "gpu-holder"

@@ -4,17 +4,11 @@ versions' manifests (record_stop), and the readiness bound of a rollback (sglang
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "roles" / "sglang_server" / "module_utils"))
-sys.path.insert(0, str(REPO / "roles" / "sglang_server" / "filter_plugins"))
-
-import sglang_server_host as ssh  # noqa: E402
-import sglang_server_kept as kept  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server_kept as kept
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_host as ssh
 
 
 def snap(used, ours=(), foreign=(), unit_pids=()):

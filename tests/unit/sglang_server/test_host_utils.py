@@ -9,7 +9,7 @@ import json
 import threading
 
 import pytest
-import sglang_server_host as h
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_host as h
 from conftest import LAB_CAPTURES, REPO
 
 UNIT = "sglang-server.service"

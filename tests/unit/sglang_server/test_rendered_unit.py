@@ -38,9 +38,11 @@ DERIVED = {
     "sglang_server_release": RELEASE,
     "sglang_server_python": RELEASE + "/bin/python",
     "sglang_server_release_id": "2026-11-30-sglang-cu128",
-    "sglang_server_argv": "{{ sglang_server_args | sglang_argv }}",
-    "sglang_server_model": "{{ sglang_server_args | sglang_arg('model-path', '') | string }}",
-    "sglang_server_served_name": "{{ sglang_server_args | sglang_arg('served-model-name', sglang_server_model) }}",
+    "sglang_server_argv": "{{ sglang_server_args | gpufleet.fleet.sglang_argv }}",
+    "sglang_server_model": "{{ sglang_server_args | gpufleet.fleet.sglang_arg('model-path', '') | string }}",
+    "sglang_server_served_name": (
+        "{{ sglang_server_args | gpufleet.fleet.sglang_arg('served-model-name', sglang_server_model) }}"
+    ),
     "sglang_server_use_redactor": False,
     "sglang_server_redactor_sha256": "",
     "sglang_server_runtime_dir_name": "{{ sglang_server_service_name }}",
@@ -70,7 +72,7 @@ def unit(tmp_path_factory) -> str:
     template = REPO / "roles" / "sglang_server" / "templates" / "sglang-server.service.j2"
     env = dict(
         os.environ,
-        ANSIBLE_FILTER_PLUGINS=str(REPO / "roles" / "sglang_server" / "filter_plugins"),
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
         ANSIBLE_CALLBACK_RESULT_FORMAT="json",
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
