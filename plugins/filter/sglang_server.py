@@ -316,6 +316,55 @@ def sglang_model_is_local(model) -> bool:
     return str(model or "").startswith("/")
 
 
+def sglang_regex_problems(patterns, variable) -> list[str]:
+    """Messages for the regexes in ``patterns`` that Python's ``re`` (what the smoke module uses) cannot compile.
+
+    ``patterns`` is a list of regex strings or of mappings whose ``expect`` is one (smoke prompts); ``variable``
+    names the variable in the message, with the index of the bad entry.
+    """
+    if patterns is None:
+        return []
+    if not isinstance(patterns, (list, tuple)):
+        return [f"{variable} must be a list, got {type(patterns).__name__}"]
+    problems = []
+    for i, item in enumerate(patterns):
+        where = f"{variable}[{i}]"
+        pattern = item
+        if isinstance(item, dict):
+            if "prompt" not in item or not str(item.get("prompt") or "").strip():
+                problems.append(f"{where} has no prompt: each entry is {{prompt, expect, max_tokens}}")
+            max_tokens = item.get("max_tokens", 1)
+            if isinstance(max_tokens, bool) or not str(max_tokens).isdigit() or int(str(max_tokens)) < 1:
+                problems.append(f"{where}.max_tokens={max_tokens!r} must be a positive integer")
+            pattern = item.get("expect", "")
+            where += ".expect"
+        if pattern is None or isinstance(pattern, (dict, list, bool)):
+            problems.append(f"{where} must be a regex string, got {type(pattern).__name__}")
+            continue
+        try:
+            re.compile(str(pattern))
+        except re.error as exc:
+            problems.append(f"{where}={str(pattern)!r} is not a valid Python regex ({exc}): fix or escape it")
+    return problems
+
+
+def sglang_table_options(_unused=None, table_path=None) -> list[str]:
+    """Every option string of the pinned argument table (what preflight checks flags against before the engine
+    is installed; the server stage checks the installed engine's --help again)."""
+    return sorted(load_table(table_path))
+
+
+def sglang_table_version(_unused=None, table_path=None) -> str:
+    """The SGLang version of the pinned argument table (e.g. 0.5.9)."""
+    return _version(table_path)
+
+
+def sglang_is_loopback(host) -> bool:
+    """The server's --host only accepts local connections (127.0.0.0/8, ::1, localhost)."""
+    text = str(host or "").strip().strip("[]").lower()
+    return text == "localhost" or text == "::1" or re.fullmatch(r"127(\.[0-9]{1,3}){3}", text) is not None
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -331,6 +380,10 @@ class FilterModule:
             "sglang_api_key_problem": _wrap(sglang_api_key_problem),
             "sglang_api_key_config_writer": _wrap(sglang_api_key_config_writer),
             "sglang_model_is_local": _wrap(sglang_model_is_local),
+            "sglang_regex_problems": _wrap(sglang_regex_problems),
+            "sglang_is_loopback": _wrap(sglang_is_loopback),
+            "sglang_table_options": _wrap(sglang_table_options),
+            "sglang_table_version": _wrap(sglang_table_version),
         }
 
 

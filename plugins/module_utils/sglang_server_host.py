@@ -470,3 +470,79 @@ def drain_account(in_flight_at_stop, entries, stop_state, was_active=True):
     else:
         account.update(cut=in_flight_at_stop, how="the engine ended without a drain (no 'Gracefully exiting' line)")
     return account
+
+
+def held_memory(snap, idle_memory_mib=512, before=None):
+    """What holds the server's GPUs after a stop: ``{gpus, live_pids, gone_pids, no_process_gpus, text,
+    caused_by_stop}``.
+
+    ``text`` names each GPU's holders (PID, user, command line for a live one; "process gone: leaked
+    allocation" for a PID that is gone) and, for a GPU whose memory is used with no process listed,
+    "no process: memory held by the driver". ``before`` (a snapshot taken before the stop) tells memory
+    the stopped version left behind (``caused_by_stop``) from memory that was already held by others."""
+    holders = snap["gpu_ours"] + snap["gpu_foreign"]
+    used = {int(k): int(v) for k, v in snap["gpu_memory_used_mib"].items()}
+    busy = {g: v for g, v in used.items() if v > idle_memory_mib}
+    listed = {h.get("gpu_index") for h in holders}
+    no_process = sorted(g for g in busy if g not in listed)
+    live = sorted({h["pid"] for h in holders if h.get("alive")} | set(snap.get("unit_pids") or []))
+    gone = sorted({h["pid"] for h in holders if not h.get("alive")})
+    parts = []
+    if snap.get("unit_pids"):
+        parts.append(f"processes still in the unit: {', '.join(str(p) for p in snap['unit_pids'])}")
+    if holders:
+        parts.append(describe_processes(holders))
+    parts += [f"GPU {g}: {busy[g]} MiB used, no process: memory held by the driver" for g in no_process]
+    caused = True
+    if before is not None:
+        pre_pids = {h["pid"] for h in before.get("gpu_foreign") or []}
+        pre_used = {int(k): int(v) for k, v in (before.get("gpu_memory_used_mib") or {}).items()}
+        pre_listed = {h.get("gpu_index") for h in (before.get("gpu_ours") or []) + (before.get("gpu_foreign") or [])}
+        pre_no_process = {g for g, v in pre_used.items() if v > idle_memory_mib and g not in pre_listed}
+        caused = (
+            bool(snap.get("unit_pids"))
+            or any(h["pid"] not in pre_pids for h in holders)
+            or bool(set(no_process) - pre_no_process)
+        )
+    return {
+        "gpus": sorted(set(busy) | {g for g in listed if g is not None}),
+        "live_pids": live,
+        "gone_pids": gone,
+        "no_process_gpus": no_process,
+        "text": "; ".join(parts),
+        "caused_by_stop": caused and bool(busy or holders or snap.get("unit_pids")),
+    }
+
+
+def record_stop(manifests, unit_sha256, released, held, at, waited_s):
+    """Write the outcome of a stop into the kept versions' manifests whose unit is the one stopped:
+    ``stopped_cleanly`` true (every GPU released), false (memory stayed held by what it left behind).
+    Returns the paths written."""
+    written = []
+    if not unit_sha256:
+        return written
+    for path in manifests:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                manifest = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(manifest, dict) or manifest.get("unit_sha256") != unit_sha256:
+            continue
+        clean = bool(released) or not (held or {}).get("caused_by_stop", True)
+        if manifest.get("stopped_cleanly") is False and clean:
+            clean = False  # once seen to leak, always a leaker (never a rollback target again)
+        manifest["stopped_cleanly"] = clean
+        manifest["last_stop"] = {
+            "at": at,
+            "released": bool(released),
+            "waited_s": waited_s,
+            "held": (held or {}).get("text", ""),
+        }
+        tmp = f"{path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(manifest, indent=4, sort_keys=True) + "\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+        written.append(path)
+    return written

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 import time
@@ -11,10 +12,13 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import (
     drain_account,
     engine_load,
+    held_memory,
     journal_lines,
     not_released_message,
     read_env_file,
+    record_stop,
     run,
+    snapshot,
     unit_state,
     wait_released,
 )
@@ -36,7 +40,12 @@ description:
     changed, clears the unit's failure state and start limit, enables and starts it, and returns its
     InvocationID.
   - I(action=restart) does both in one call (the server's downtime is not stretched by a round trip);
-    a failure names its phase (stop or start).
+    a failure names its phase (stop or start). It never starts into GPU memory that stays held after the
+    stop: with I(fail_unreleased=false) it returns C(started=false) and C(held) instead, for the role to
+    decide (a remedy the user enabled, or stop there).
+  - The outcome of the stop of a running server is written into each manifest of I(record_stop_in) whose
+    C(unit_sha256) is the installed unit's (I(unit_path)): C(stopped_cleanly) true, or false when the
+    memory it left stayed held (such a version is never a rollback target), and C(last_stop).
 options:
   unit:
     description: "systemd unit (with .service)."
@@ -61,9 +70,20 @@ options:
     type: int
     default: 512
   fail_unreleased:
-    description: "Fail when the memory is not released in time (stop)."
+    description: >-
+      Fail when the memory is not released in time (stop). False: return C(released=false) and C(held),
+      and (restart) do not start.
     type: bool
     default: true
+  unit_path:
+    description: "The installed unit file (its sha256 says which kept version is stopped)."
+    type: path
+    default: ""
+  record_stop_in:
+    description: "Manifests (manifest.json of kept versions) to record the stop's outcome in."
+    type: list
+    elements: path
+    default: []
   files:
     description: "Files to install before the start: list of {src, dest, mode} (remote paths)."
     type: list
@@ -134,6 +154,20 @@ installed:
   description: "Files whose content changed (start)."
   returned: start
   type: list
+started:
+  description: "The unit was started (restart: false when the memory stayed held)."
+  returned: restart
+  type: bool
+held:
+  description: >-
+    What holds the GPUs after the stop: gpus, live_pids, gone_pids, no_process_gpus, text (PID, user,
+    command, or "no process: memory held by the driver"), caused_by_stop.
+  returned: stop, restart
+  type: dict
+stop_recorded:
+  description: "Manifests the stop's outcome was written into."
+  returned: stop, restart
+  type: list
 """
 
 
@@ -179,6 +213,8 @@ def main():
             "files": {"type": "list", "elements": "dict", "default": []},
             "base_url": {"type": "str", "default": ""},
             "secrets_file": {"type": "path", "default": ""},
+            "unit_path": {"type": "path", "default": ""},
+            "record_stop_in": {"type": "list", "elements": "path", "default": []},
         },
         supports_check_mode=False,
     )
@@ -192,6 +228,14 @@ def main():
         if was_active and p["base_url"]:
             key = read_env_file(p["secrets_file"]).get("SGLANG_SERVER_API_KEY", "")
             load = engine_load(p["base_url"], {"Authorization": f"Bearer {key}"} if key else {})
+        unit_sha256 = ""
+        if was_active and p["unit_path"] and os.path.exists(p["unit_path"]):
+            with open(p["unit_path"], "rb") as fh:
+                unit_sha256 = hashlib.sha256(fh.read()).hexdigest()
+        try:
+            pre = snapshot(unit, p["gpus"], 0, p["idle_memory_mib"])
+        except RuntimeError:
+            pre = None
         result["stop_started_at"] = round(time.time(), 3)
         started = time.monotonic()
         rc, out, err = run(["systemctl", "stop", unit], timeout=24 * 3600)
@@ -207,12 +251,20 @@ def main():
             module.fail_json(msg=str(exc), restart_phase="stop", **result)
         snap.update(result, waited_s=waited)
         result = snap
+        result["held"] = {} if snap["released"] else held_memory(snap, p["idle_memory_mib"], pre)
+        result["stop_recorded"] = (
+            record_stop(p["record_stop_in"], unit_sha256, snap["released"], result["held"],
+                        result["stop_started_at"], waited)
+            if was_active else []
+        )  # fmt: skip
         if not snap["released"] and p["fail_unreleased"]:
             module.fail_json(
                 msg=not_released_message(snap, unit, waited, p["idle_memory_mib"]), restart_phase="stop", **snap
             )
         if p["action"] == "stop":
             module.exit_json(**result)
+        if not snap["released"]:
+            module.exit_json(started=False, **result)
 
     installed = []
     for item in p["files"]:
@@ -239,6 +291,7 @@ def main():
     rc, out, err = run(["systemctl", "start", unit], timeout=24 * 3600)
     result["unit"] = unit_state(unit)
     result["installed"] = installed
+    result["started"] = rc == 0
     if rc != 0:
         module.fail_json(
             msg=f"systemctl start {unit} failed (rc {rc}): {(err or out).strip()}", restart_phase="start", **result
