@@ -7,6 +7,7 @@ Standard library only; unit-tested with fakes.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
