@@ -41,10 +41,10 @@ description:
     InvocationID.
   - I(action=restart) does both in one call (the server's downtime is not stretched by a round trip);
     a failure names its phase (stop or start). It never starts into GPU memory that stays held after the
-    stop: with I(fail_unreleased=false) it returns C(started=false) and C(held) instead, for the role to
+    stop - with I(fail_unreleased=false) it returns C(started=false) and C(held) instead, for the role to
     decide (a remedy the user enabled, or stop there).
   - The outcome of the stop of a running server is written into each manifest of I(record_stop_in) whose
-    C(unit_sha256) is the installed unit's (I(unit_path)): C(stopped_cleanly) true, or false when the
+    C(unit_sha256) is the installed unit's (I(unit_path)) - C(stopped_cleanly) true, or false when the
     memory it left stayed held (such a version is never a rollback target), and C(last_stop).
 options:
   unit:
