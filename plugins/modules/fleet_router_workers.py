@@ -15,7 +15,7 @@ module: fleet_router_workers
 short_description: Add, remove or list the workers of a Shepherd Model Gateway (smg) router
 description:
   - Talks to the router's worker-management API (smg 1.13.0 C(GET|POST /workers), C(DELETE /workers/<uuid>))
-    with a control-plane key (C(Authorization: Bearer)).
+    with a control-plane key (an C(Authorization) header with C(Bearer <key>)).
   - C(POST /workers) answers 202 and registers the worker in the background only once the worker answers;
     C(DELETE) is asynchronous too. The module waits (bounded by I(wait_timeout)) until the router's list
     shows the wanted state, so a worker added here is healthy in the router when the module returns.
