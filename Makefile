@@ -16,7 +16,7 @@ SCENARIO ?=
 MOLECULE_JOBS ?=
 LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
 
-.PHONY: real-engine help setup apt venv collections deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-tests molecule bench-lab real-kernel
+.PHONY: real-engine help setup apt venv collections bench-client deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-tests molecule bench-lab real-kernel
 
 help:
 	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
@@ -27,13 +27,14 @@ help:
 	@echo "make real-kernel   build a real CUDA torch extension (sm_90 + sm_120) with the ml_env kernel builder (~2.7 GB cached)"
 	@echo "make bench-lab     time lab bring-up (2 and 8 hosts) and make test; saves JSON in benchmarks/results"
 
-setup: apt venv collections
+setup: apt venv collections bench-client
 
 apt:
 	@if ! command -v systemd-nspawn >/dev/null || ! command -v mmdebstrap >/dev/null || ! command -v iptables >/dev/null \
-	    || ! command -v zstd >/dev/null; then \
+	    || ! command -v zstd >/dev/null || ! command -v chromium >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    systemd-container mmdebstrap iptables iproute2 zstd openssh-client curl >/dev/null; fi
+	    systemd-container mmdebstrap iptables iproute2 zstd openssh-client curl >/dev/null \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; fi
 
 venv:
 	@command -v uv >/dev/null || python3 -m pip install --quiet uv
@@ -41,6 +42,12 @@ venv:
 
 collections: venv
 	.venv/bin/python tools/install_collections.py
+
+# The controller's benchmark client (sglang 0.5.9's bench_serving without its CUDA kernels) and the fleet report's
+# plotting, from the hashed lock locks/bench-client (cached in .cache/bench-client). Headless Chromium (Debian,
+# from `apt`) opens the fleet report in tests.
+bench-client: venv
+	.venv/bin/python tools/bench_client.py build >/dev/null
 
 deploy: setup lab-up lab-cuda-mirror lab-testhub lab-wheelhouse
 	ansible-playbook deploy.yml

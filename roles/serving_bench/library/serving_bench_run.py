@@ -30,14 +30,18 @@ options:
   base_url: {description: "Server URL, e.g. http://10.0.0.5:8000.", type: str, required: true}
   backend: {description: "bench_serving --backend.", type: str, default: sglang}
   concurrencies: {description: "--max-concurrency values, one run each.", type: list, elements: int, required: true}
-  prompts_per_concurrency: {description: "Prompts per run = this x concurrency (at least min_prompts).", type: int, default: 4}
+  prompts_per_concurrency:
+    {description: "Prompts per run = this x concurrency (at least min_prompts).", type: int, default: 4}
   min_prompts: {description: "Fewest prompts in one run.", type: int, default: 16}
   input_len: {description: "--random-input-len.", type: int, default: 256}
   output_len: {description: "--random-output-len.", type: int, default: 64}
-  range_ratio: {description: "--random-range-ratio (1.0 = every request exactly input_len/output_len).", type: float, default: 1.0}
+  range_ratio:
+    {description: "--random-range-ratio (1.0 = every request exactly input_len/output_len).", type: float, default: 1.0}
   seed: {description: "--seed.", type: int, default: 1}
-  tokenizer_dir: {description: "Local directory with tokenizer.json (and tokenizer_config.json).", type: path, required: true}
-  served_model_name: {description: "Model name sent with each request (empty = bench_serving asks /v1/models).", type: str, default: ""}
+  tokenizer_dir:
+    {description: "Local directory with tokenizer.json (and tokenizer_config.json).", type: path, required: true}
+  served_model_name:
+    {description: "Model name sent with each request (empty = bench_serving asks /v1/models).", type: str, default: ""}
   api_key: {description: "Server API key (empty = none).", type: str, default: "", no_log: true}
   output_dir: {description: "Controller directory for the raw outputs.", type: path, required: true}
   timeout_s: {description: "Limit for one run.", type: int, default: 900}
@@ -55,7 +59,12 @@ commands:
   returned: always
 """
 
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+OFFLINE = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 
 def _tail(text: str, lines: int = 15) -> str:

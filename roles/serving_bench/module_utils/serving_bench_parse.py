@@ -148,7 +148,8 @@ def redact(obj, secrets: list[str] | tuple[str, ...] = ()):
     """A copy with ``api_key``-like fields replaced and every secret string masked wherever it appears."""
     if isinstance(obj, dict):
         return {
-            k: ("<redacted>" if k in SECRET_KEYS and v not in (None, "") else redact(v, secrets)) for k, v in obj.items()
+            k: ("<redacted>" if k in SECRET_KEYS and v not in (None, "") else redact(v, secrets))
+            for k, v in obj.items()
         }
     if isinstance(obj, list):
         return [redact(v, secrets) for v in obj]
@@ -181,11 +182,8 @@ def combine(block: dict | None, record: dict | None, num_prompts: int) -> dict:
             value = record.get(key)
             if value is None:
                 continue
-            if block and key in block and isinstance(block[key], (int, float)):
-                if not _close(block[key], value):
-                    raise ParseError(
-                        f"printed {key} {block[key]} and the JSON line's {value} differ: not the same run"
-                    )
+            if block and isinstance(block.get(key), (int, float)) and not _close(block[key], value):
+                raise ParseError(f"printed {key} {block[key]} and the JSON line's {value} differ: not the same run")
             merged[key] = value
     for key in KEPT:
         if key in merged and isinstance(merged[key], float) and not math.isfinite(merged[key]):
