@@ -1,15 +1,16 @@
-"""playbooks/bench.yml, the canary gate and the fleet report on a lab of two hosts (one lab for all tests).
+"""playbooks/bench.yml, the canary gate, the fleet report and playbooks/tune.yml on one lab of two hosts.
 
-Each host runs the simulated engine under the role's own unit (roles/sglang_server template) with an API key;
-bench-02 is made slower through the simulator's speed setting SGLANG_SIM_TOKENS_PER_S (lab/sglang-sim README,
-"Speed model"). The controller runs sglang 0.5.9's real bench_serving against both. bench-01's run becomes the
-baseline of the GPU class; the gate refuses bench-02 and the fleet report says why; the HTML report, opened in
-headless Chromium with the network cut, shows the tables and both plots.
+The simulated engine is the hosts' "ml-env release" and playbooks/deploy_server.yml (the sglang_server role)
+deploys it with an API key; bench-02 is made 3x slower through the simulator's speed setting
+SGLANG_SIM_TOKENS_PER_S (lab/sglang-sim README, "Speed model"). The controller runs sglang 0.5.9's real
+bench_serving against both. bench-01's sweep becomes the GPU class baseline; the gate passes bench-01 and
+refuses bench-02 with the reason in the report; the HTML report, opened in headless Chromium with the network
+cut, shows the tables and both plots. The tuning sweep ranks three --max-running-requests variants on bench-01
+and leaves it as it was.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -18,46 +19,15 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import time
 
-import jinja2
 import pytest
 from conftest import LAB_ENV, ROOT, lab, lab_json
 from lab_host import health
 
-sys.path.insert(0, str(ROOT / "roles/sglang_server/filter_plugins"))
-import sglang_server as role_filters  # noqa: E402
-
 NAME = "t-bench"
 HOSTS = {"bench-01": "60", "bench-02": "20"}  # SGLANG_SIM_TOKENS_PER_S: bench-02 is 3x slower
 KEY = "bench-key-5b0d"
-LAUNCHER = ROOT / "roles/sglang_server/files/sglang-log-redact.py"
-TEMPLATE = ROOT / "roles/sglang_server/templates/sglang-server.service.j2"
 ARTIFACTS = ROOT / "tests/lab/artifacts"
-
-
-def unit(tokens_per_s: str) -> str:
-    env = jinja2.Environment(trim_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
-    env.filters.update(role_filters.FilterModule().filters())
-    argv = ["--model-path", "/srv/models/glm-5-sim", "--served-model-name", "glm-5", "--tp", "2",
-            "--host", "0.0.0.0", "--port", "8000", "--max-running-requests", "64"]  # fmt: skip
-    return env.from_string(TEMPLATE.read_text()).render(
-        sglang_server_served_name="glm-5", sglang_server_release_id="sim-a",
-        sglang_server_start_limit_interval_s=3600, sglang_server_start_limit_burst=3,
-        sglang_server_user="sglang", sglang_server_group="sglang", sglang_server_supplementary_groups=[],
-        sglang_server_cache_dir="/var/cache/sglang-server", sglang_server_runtime_dir_name="sglang-server",
-        sglang_server_secrets_file="/etc/sglang-server/secrets.env",
-        sglang_server_unit_environment={"PYTHONPATH": "/opt/sglang-sim", "SGLANG_SIM_LOAD_SECONDS": "0.5",
-                                        "SGLANG_SIM_GRAPH_SECONDS": "0.5", "SGLANG_SIM_ACCESS_LOG": "0",
-                                        "SGLANG_SIM_TOKENS_PER_S": tokens_per_s},
-        sglang_server_api_key=KEY, sglang_server_hf_token="", sglang_server_use_redactor=True,
-        sglang_server_redactor_sha256=hashlib.sha256(LAUNCHER.read_bytes()).hexdigest(),
-        sglang_server_python="/usr/bin/python3",
-        sglang_server_redactor_path="/usr/local/libexec/gpufleet/sglang-log-redact",
-        sglang_server_module="sglang_sim.launch_server", sglang_server_argv=argv,
-        sglang_server_timeout_start_s=120, sglang_server_timeout_stop_s=20, sglang_server_restart_policy="on-failure",
-        sglang_server_restart_sec=5, sglang_server_user_home="/var/lib/sglang", sglang_server_read_write_paths=[],
-    )  # fmt: skip
 
 
 def on(host: dict, script: str, stdin: bytes | str | None = None, check: bool = True) -> str:
@@ -81,12 +51,53 @@ def tokenizer_files() -> dict[str, bytes]:
     return {n: files[n] for n in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")}
 
 
+GROUP_VARS = {
+    # the seed's flags that the simulated engine accepts on a 2-GPU lab host; the engine is the lab's simulator
+    "sglang_server_module": "sglang_sim.launch_server",
+    "sglang_server_ml_env_release": "/opt/ml-env/releases/sim",
+    "sglang_server_args_common": {"host": "0.0.0.0", "port": 8000},
+    "sglang_server_args_gpu_class": {"tp-size": 2, "mem-fraction-static": 0.88},
+    "sglang_server_args_model": {"model-path": "/srv/models/glm-5-sim", "served-model-name": "glm-5",
+                                 "max-running-requests": 64},
+    "sglang_server_environment": {"SGLANG_SIM_LOAD_SECONDS": "0.5", "SGLANG_SIM_GRAPH_SECONDS": "0.5",
+                                  "SGLANG_SIM_ACCESS_LOG": "0"},
+    "sglang_server_api_key": KEY,
+    "sglang_server_timeout_start_s": 120,
+    "sglang_server_timeout_stop_s": 20,
+    "sglang_server_restart_sec": 5,
+    "sglang_server_progress_interval_s": 5,
+    "sglang_server_release_timeout_s": 10,
+    "sglang_server_smoke_timeout_s": 30,
+    "serving_bench_concurrencies": [4, 16],
+    "serving_bench_prompts_per_concurrency": 2,
+    "serving_bench_input_len": 64,
+    "serving_bench_output_len": 24,
+    "serving_bench_gate_concurrency": 16,
+    "serving_bench_gate_max_regression_pct": 25,
+}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     inventory = tmp_path_factory.mktemp("inv") / "hosts.yml"
+    reports = tmp_path_factory.mktemp("reports")
     result = lab_json("--name", NAME, "up", "--hosts", "2", "--host-names", ",".join(HOSTS),
                       "--profile", "h200x2-vm", "--inventory", str(inventory))  # fmt: skip
     hosts = {h["name"]: h for h in result["hosts"]}
+    (inventory.parent / "group_vars").mkdir()
+    group_vars = GROUP_VARS | {
+        "sglang_server_report_dir": str(reports / "deploy"),
+        "serving_bench_reports_dir": str(reports),
+    }
+    (inventory.parent / "group_vars/all.yml").write_text(json.dumps(group_vars, indent=1))
+    (inventory.parent / "host_vars").mkdir()
+    for name, speed in HOSTS.items():
+        host_vars = {
+            "sglang_server_environment": GROUP_VARS["sglang_server_environment"] | {"SGLANG_SIM_TOKENS_PER_S": speed}
+        }
+        if name == "bench-01":
+            host_vars["serving_bench_save_baseline"] = True  # bench-01's sweep is the GPU class baseline
+        (inventory.parent / f"host_vars/{name}.yml").write_text(json.dumps(host_vars))
     tar = io.BytesIO()
     with tarfile.open(fileobj=tar, mode="w") as tf:
         tf.add(
@@ -98,52 +109,26 @@ def fleet(tmp_path_factory):
             info = tarfile.TarInfo(f"tokenizer/{name}")
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
-    for name, speed in HOSTS.items():
-        h = hosts[name]
-        on(h, "mkdir -p /opt/sglang-sim /srv/models/glm-5-sim && tar -x -C /opt/sglang-sim && "
-              "mv /opt/sglang-sim/tokenizer/* /srv/models/glm-5-sim/ && chmod -R a+rX /opt/sglang-sim /srv/models",
-           stdin=tar.getvalue())  # fmt: skip
-        on(h, "mkdir -p /usr/local/libexec/gpufleet && cat > /usr/local/libexec/gpufleet/sglang-log-redact && "
-              "chmod 0755 /usr/local/libexec/gpufleet/sglang-log-redact", stdin=LAUNCHER.read_text())  # fmt: skip
-        on(h, "id sglang >/dev/null 2>&1 || useradd --system --home-dir /var/lib/sglang --create-home sglang; "
-              "install -d -o sglang -g sglang -m 0750 /var/cache/sglang-server; "
-              "install -d -m 0755 /etc/sglang-server; "
-              f"umask 077; printf 'SGLANG_SERVER_API_KEY=\"%s\"\\n' {KEY} "
-              "> /etc/sglang-server/secrets.env")  # fmt: skip
-        on(h, "cat > /etc/systemd/system/sglang-server.service && systemctl daemon-reload && "
-              "systemctl start sglang-server.service", stdin=unit(speed))  # fmt: skip
-    deadline = time.monotonic() + 90
     for h in hosts.values():
-        while health(h["address"]) != 200:
-            assert time.monotonic() < deadline, on(h, "journalctl -u sglang-server --no-pager -n 40", check=False)
-            time.sleep(0.5)
-    reports = tmp_path_factory.mktemp("reports")
-    (inventory.parent / "host_vars").mkdir()
-    (inventory.parent / "host_vars/bench-01.yml").write_text("serving_bench_save_baseline: true\n")
+        # the simulated engine as an "ml-env release" (the ml_env role is not what this test is about)
+        on(h, "set -e; d=/usr/lib/python3/dist-packages; mkdir -p /srv/models/glm-5-sim /opt/ml-env/releases/sim/bin; "
+              "tar -x -C $d; mv $d/tokenizer/* /srv/models/glm-5-sim/; rmdir $d/tokenizer; "
+              "ln -sf /usr/bin/python3 /opt/ml-env/releases/sim/bin/python; "
+              "ln -sfn /opt/ml-env/releases/sim /opt/ml-env/current; chmod -R a+rX $d/sglang_sim /srv/models",
+           stdin=tar.getvalue())  # fmt: skip
+    rc, out = playbook({"inventory": inventory, "reports": reports}, "playbooks/deploy_server.yml", {})
+    assert rc == 0, out[-5000:]
+    for h in hosts.values():
+        assert health(h["address"]) == 200
     yield {"inventory": inventory, "hosts": hosts, "reports": reports}
     lab("--name", NAME, "down", check=False)
 
 
 def playbook(fleet, playbook: str, extra: dict, limit: str | None = None) -> tuple[int, str]:
     env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_CACHE_PLUGIN_CONNECTION=str(fleet["reports"] / ".facts"))
-    extra = {
-        "sglang_server_args": {
-            "port": 8000,
-            "served-model-name": "glm-5",
-            "model-path": "/srv/models/glm-5-sim",
-            "tp": 2,
-        },
-        "serving_bench_api_key": KEY,
-        "serving_bench_reports_dir": str(fleet["reports"]),
-        "serving_bench_concurrencies": [4, 16],
-        "serving_bench_prompts_per_concurrency": 2,
-        "serving_bench_input_len": 64,
-        "serving_bench_output_len": 24,
-        "serving_bench_gate_concurrency": 16,
-        "serving_bench_gate_max_regression_pct": 25,
-        **extra,
-    }
-    cmd = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(fleet["inventory"]), playbook, "-e", json.dumps(extra)]
+    cmd = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(fleet["inventory"]), playbook]
+    if extra:
+        cmd += ["-e", json.dumps(extra)]
     if limit:
         cmd += ["-l", limit]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=False, timeout=600)
@@ -176,6 +161,7 @@ def test_bench_baseline_gate_and_report(fleet):
     fast = json.loads((reports / "bench/bench-01/latest.json").read_text())
     slow = json.loads((reports / "bench/bench-02/latest.json").read_text())
     assert fast["config_hash"] != slow["config_hash"]  # the environments differ (SGLANG_SIM_TOKENS_PER_S)
+    assert fast["engine_version"] == "0.5.9-sim" and fast["ml_env_release_id"] == "sim"
     assert slow["results"][1]["output_throughput"] < 0.6 * fast["results"][1]["output_throughput"]
     assert slow["vs_baseline"][1]["delta_pct"] < -40
     saved = "".join(p.read_text(errors="replace") for p in reports.rglob("*") if p.is_file())
@@ -205,7 +191,7 @@ def test_bench_baseline_gate_and_report(fleet):
     for host in HOSTS:
         assert f'data-host="{host}"' in page
     assert page.count('<table class="bench"') == 2
-    assert "NVIDIA H200 x2" in page and "NCCL" in page and "REFUSED" in page
+    assert "NVIDIA H200 x2" in page and "NCCL_" in page and "REFUSED" in page and "0.5.9-sim (simulator)" in page
     imgs = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]{2000,})"', page)
     assert [a for a, _ in imgs] == ["Throughput vs concurrency per host and configuration",
                                     "Latency percentiles vs concurrency"]  # fmt: skip
@@ -214,3 +200,32 @@ def test_bench_baseline_gate_and_report(fleet):
     shot.unlink(missing_ok=True)
     res = chromium(html, f"--screenshot={shot}")
     assert res.returncode == 0 and shot.stat().st_size > 20000, res.stderr[-2000:]
+
+
+def test_tune_ranks_variants_and_leaves_the_canary_as_it_was(fleet):
+    reports, host = fleet["reports"], fleet["hosts"]["bench-01"]
+    before = on(host, "sha256sum /etc/systemd/system/sglang-server.service /var/lib/gpufleet/sglang-server/*/*")
+    # --max-running-requests caps the simulated engine's batch (lab/sglang-sim README, "Speed model"): at 16
+    # concurrent requests, 2 running at once is far slower than 8, and 8 than 32
+    variants = [
+        {"name": "mrr-8", "args": {"max-running-requests": 8}},
+        {"name": "mrr-2", "args": {"max-running-requests": 2}},
+        {"name": "mrr-32", "args": {"max-running-requests": 32}},
+    ]
+    extra = {"serving_bench_tune_variants": variants, "serving_bench_tune_canary": "bench-01",
+             "serving_bench_concurrencies": [16], "serving_bench_tune_concurrency": 16}  # fmt: skip
+    rc, out = playbook(fleet, "playbooks/tune.yml", extra)
+    assert rc == 0, out[-5000:]
+    tune = json.loads((reports / "tune/bench-01.json").read_text())
+    assert [v["name"] for v in tune["ranking"]] == ["mrr-32", "mrr-8", "mrr-2"], tune["ranking"]
+    scores = [v["score"] for v in tune["ranking"]]
+    assert scores[0] > 1.3 * scores[1] and scores[1] > 1.3 * scores[2], scores
+    assert tune["winner"]["name"] == "mrr-32" and "max-running-requests: 32" in tune["winner_yaml"]
+    assert tune["restored"] is True
+    flat = " ".join(out.split())
+    assert "bench-01 is back on its original configuration" in flat
+    # the canary is as it was: same unit, same last-good and previous-good, serving, and no variant in its flags
+    assert on(host, "sha256sum /etc/systemd/system/sglang-server.service /var/lib/gpufleet/sglang-server/*/*") == before
+    assert health(host["address"]) == 200
+    assert "--max-running-requests 64" in on(host, "systemctl show -p ExecStart sglang-server.service")
+    assert "Tuning on bench-01" in (reports / "fleet-report.md").read_text()

@@ -34,15 +34,25 @@ def collect(reports: Path) -> dict:
     deploy = {p.stem: d for p in sorted((reports / "deploy").glob("*.json")) if (d := load(p)) and "host" in d}
     bench_latest, history = {}, {}
     for host_dir in sorted(p for p in (reports / "bench").glob("*") if p.is_dir()):
-        latest = load(host_dir / "latest.json")
-        if latest:
-            bench_latest[host_dir.name] = latest
-        runs = [d for p in sorted(host_dir.glob("*/*.json")) if (d := load(p)) and d.get("results")]
-        # newest run per configuration
+        runs = sorted(
+            (d for p in host_dir.glob("*/*.json") if (d := load(p)) and d.get("results")),
+            key=lambda d: d.get("finished_at", ""),
+        )
+        # per configuration, the newest result at each concurrency (a canary gate measures one point only)
         per_config: dict[str, dict] = {}
         for run in runs:
-            per_config[run["config_hash"]] = run
+            merged = per_config.setdefault(run["config_hash"], dict(run, results=[]))
+            points = {r["max_concurrency"]: r for r in merged["results"]}
+            points.update({r["max_concurrency"]: r for r in run["results"]})
+            vs = {v["max_concurrency"]: v for v in merged.get("vs_baseline", [])}
+            vs.update({v["max_concurrency"]: v for v in run.get("vs_baseline", [])})
+            per_config[run["config_hash"]] = dict(
+                run, results=[points[c] for c in sorted(points)], vs_baseline=[vs[c] for c in sorted(vs)]
+            )
         history[host_dir.name] = per_config
+        latest = load(host_dir / "latest.json")
+        if latest and latest.get("config_hash") in per_config:
+            bench_latest[host_dir.name] = per_config[latest["config_hash"]]
     gates = {p.stem: d for p in sorted((reports / "gate").glob("*.json")) if (d := load(p))}
     tunes = {p.stem: d for p in sorted((reports / "tune").glob("*.json")) if (d := load(p))}
     baselines = {p.stem: d for p in sorted((reports / "baselines").glob("*.json")) if (d := load(p))}

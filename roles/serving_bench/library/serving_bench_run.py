@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import subprocess
 import time
 from pathlib import Path
 
+from ansible.module_utils import serving_bench_sweep
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.serving_bench_parse import ParseError, combine, parse_block, parse_json_lines, redact
 
@@ -44,7 +47,7 @@ options:
     {description: "Model name sent with each request (empty = bench_serving asks /v1/models).", type: str, default: ""}
   api_key: {description: "Server API key (empty = none).", type: str, default: "", no_log: true}
   output_dir: {description: "Controller directory for the raw outputs.", type: path, required: true}
-  timeout_s: {description: "Limit for one run.", type: int, default: 900}
+  timeout_s: {description: "Limit for one run (the sweep gets this times the number of runs).", type: int, default: 900}
   extra_args: {description: "More bench_serving arguments.", type: list, elements: str, default: []}
 """
 
@@ -59,6 +62,9 @@ commands:
   returned: always
 """
 
+# The sweep driver's source, run by the client's python with -c (Ansible ships module_utils inside the module's
+# zip, so there is no file to point that python at). It holds no secret.
+SWEEP_DRIVER = inspect.getsource(serving_bench_sweep)
 OFFLINE = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -71,12 +77,8 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def run_one(p: dict, concurrency: int, out_dir: Path) -> tuple[dict, list[str]]:
-    num_prompts = max(p["min_prompts"], p["prompts_per_concurrency"] * concurrency)
-    json_path = out_dir / f"c{concurrency}.jsonl.tmp"
-    json_path.unlink(missing_ok=True)
+def bench_argv(p: dict, concurrency: int, num_prompts: int, json_path: Path) -> list[str]:
     argv = [
-        p["python"], "-m", "sglang.bench_serving",
         "--backend", p["backend"],
         "--base-url", p["base_url"],
         "--dataset-name", "random-ids",
@@ -93,47 +95,73 @@ def run_one(p: dict, concurrency: int, out_dir: Path) -> tuple[dict, list[str]]:
     if p["served_model_name"]:
         # --model is the tokenizer directory, so the chat-template check reads it and not the hub
         argv += ["--model", p["tokenizer_dir"], "--served-model-name", p["served_model_name"]]
-    argv += p["extra_args"]
+    return argv + p["extra_args"]
+
+
+def sweep(p: dict, out_dir: Path) -> tuple[list[dict], list[str]]:
+    """Every concurrency through serving_bench_sweep (python -m sglang.bench_serving per job, one interpreter)."""
+    secrets = [p["api_key"]] if p["api_key"] else []
+    jobs, meta = [], []
+    for c in p["concurrencies"]:
+        num_prompts = max(p["min_prompts"], p["prompts_per_concurrency"] * c)
+        json_path = out_dir / f"c{c}.jsonl.tmp"
+        json_path.unlink(missing_ok=True)
+        argv = bench_argv(p, c, num_prompts, json_path)
+        jobs.append({"argv": argv, "log": str(out_dir / f"c{c}.log")})
+        meta.append((c, num_prompts, json_path, argv))
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "API_KEY")}
     env.update(OFFLINE)
     if p["api_key"]:
         env["OPENAI_API_KEY"] = p["api_key"]
-    secrets = [p["api_key"]] if p["api_key"] else []
     started = time.time()
+    statuses: list[int] = []
+    driver_out = ""
     try:
         proc = subprocess.run(
-            argv, capture_output=True, text=True, env=env, timeout=p["timeout_s"], cwd=str(out_dir), check=False
-        )
-        rc, output = proc.returncode, proc.stdout + ("\n" + proc.stderr if proc.stderr else "")
-    except subprocess.TimeoutExpired as err:
-        rc = -1
-        output = (err.stdout or "") if isinstance(err.stdout, str) else ""
-        output += f"\nbench_serving ran past {p['timeout_s']} s and was stopped"
-    output = redact(output, secrets)
-    (out_dir / f"c{concurrency}.log").write_text(output)
-    records = []
-    if json_path.exists():
-        records = redact(parse_json_lines(json_path.read_text()), secrets)
-        json_path.unlink()
-    record = records[-1] if records else None
-    if record is not None:
-        import json
-
-        (out_dir / f"c{concurrency}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    # max_concurrency: the sweep point; "concurrency" (from bench_serving) is the measured mean concurrency
-    result: dict = {"max_concurrency": concurrency, "rc": rc, "wall_s": round(time.time() - started, 2)}
-    try:
-        block = parse_block(output) if rc == 0 else None
-    except ParseError:
-        block = None
-    try:
-        result.update(combine(block, record, num_prompts))
-        result["error"] = "" if rc == 0 else f"bench_serving exited {rc}: {_tail(output, 5)}"
-    except ParseError as err:
-        result.update({"num_prompts": num_prompts, "completed": 0, "failed": num_prompts})
-        result["error"] = f"{err}; exit status {rc}; last lines:\n{_tail(output)}"
-    shown = [a if a not in secrets else "<redacted>" for a in argv]
-    return result, shown
+            [p["python"], "-c", SWEEP_DRIVER],
+            input=json.dumps(jobs), capture_output=True, text=True, env=env, cwd=str(out_dir),
+            timeout=p["timeout_s"] * len(jobs), check=False,
+        )  # fmt: skip
+        driver_out = proc.stdout + proc.stderr
+        try:
+            statuses = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            statuses = []
+    except subprocess.TimeoutExpired:
+        driver_out = f"bench_serving ran past {p['timeout_s']} s per run and was stopped"
+    wall = round(time.time() - started, 2)
+    results, commands = [], []
+    for i, (c, num_prompts, json_path, argv) in enumerate(meta):
+        rc = statuses[i] if i < len(statuses) else -1
+        log_path = out_dir / f"c{c}.log"
+        output = log_path.read_text(errors="replace") if log_path.exists() else ""
+        if rc == -1:
+            output += "\n" + driver_out
+        output = redact(output, secrets)
+        log_path.write_text(output)
+        record = None
+        if json_path.exists():
+            records = redact(parse_json_lines(json_path.read_text()), secrets)
+            json_path.unlink()
+            record = records[-1] if records else None
+        if record is not None:
+            (out_dir / f"c{c}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        # max_concurrency: the sweep point; "concurrency" (from bench_serving) is the measured mean concurrency
+        result: dict = {"max_concurrency": c, "rc": rc, "sweep_wall_s": wall}
+        try:
+            block = parse_block(output) if rc == 0 else None
+        except ParseError:
+            block = None
+        try:
+            result.update(combine(block, record, num_prompts))
+            result["error"] = "" if rc == 0 else f"bench_serving exited {rc}: {_tail(output, 5)}"
+        except ParseError as err:
+            result.update({"num_prompts": num_prompts, "completed": 0, "failed": num_prompts})
+            result["error"] = f"{err}; exit status {rc}; last lines:\n{_tail(output)}"
+        results.append(result)
+        shown = [p["python"], "-m", "sglang.bench_serving", *argv]
+        commands.append(" ".join(a if a not in secrets else "<redacted>" for a in shown))
+    return results, commands
 
 
 def main() -> None:
@@ -164,11 +192,7 @@ def main() -> None:
     out_dir = Path(p["output_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(out_dir, 0o700)
-    results, commands = [], []
-    for c in p["concurrencies"]:
-        result, argv = run_one(p, c, out_dir)
-        results.append(result)
-        commands.append(" ".join(argv))
+    results, commands = sweep(p, out_dir)
     module.exit_json(changed=True, results=results, commands=commands)
 
 

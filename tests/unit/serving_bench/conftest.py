@@ -19,6 +19,7 @@ for sub in ("module_utils", "library", "filter_plugins"):
         sys.path.insert(0, str(ROLE / sub))
 _parse = importlib.import_module("serving_bench_parse")
 sys.modules.setdefault("ansible.module_utils.serving_bench_parse", _parse)
+sys.modules.setdefault("ansible.module_utils.serving_bench_sweep", importlib.import_module("serving_bench_sweep"))
 SIM_TESTS = REPO / "tests" / "unit" / "sglang_sim"
 if str(SIM_TESTS) not in sys.path:
     sys.path.insert(0, str(SIM_TESTS))
