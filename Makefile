@@ -16,7 +16,7 @@ SCENARIO ?=
 MOLECULE_JOBS ?=
 LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
 
-.PHONY: real-engine help setup apt venv collections bench-client deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-tests molecule bench-lab real-kernel
+.PHONY: real-engine help setup apt venv collections bench-client bench deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-tests molecule bench-lab real-kernel
 
 help:
 	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
@@ -26,6 +26,7 @@ help:
 	@echo "make real-engine    the production lock (real SGLang 0.5.9) on a GPU-less lab host: must fail, roll back"
 	@echo "make real-kernel   build a real CUDA torch extension (sm_90 + sm_120) with the ml_env kernel builder (~2.7 GB cached)"
 	@echo "make bench-lab     time lab bring-up (2 and 8 hosts) and make test; saves JSON in benchmarks/results"
+	@echo "make bench         performance suite: no-op deploy (ansible.cfg vs defaults vs Mitogen), restart, env build"
 
 setup: apt venv collections bench-client
 
@@ -95,6 +96,13 @@ molecule:
 
 bench-lab: setup
 	.venv/bin/python benchmarks/bench_lab.py
+
+# The project's own performance suite (not in `make test`; docs/performance.md): no-op server deploy with the
+# project's ansible.cfg vs Ansible's defaults vs Mitogen, restart overhead (one lab host), and the production
+# lock's env build uv vs pip from the local wheelhouse. JSON in benchmarks/results/.
+bench: setup
+	.venv/bin/python benchmarks/suite/noop_and_restart.py
+	.venv/bin/python benchmarks/suite/env_build_production.py
 
 # The real engine on the lab (not in `make test`: a 4.8 GiB wheelhouse, about 15 minutes): the production
 # lock's ml-env from a cached controller wheelhouse on its own lab; the example inventory's flags must fail

@@ -11,16 +11,15 @@ and leaves it as it was.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tarfile
 
 import pytest
+import simfleet
 from conftest import LAB_ENV, ROOT, lab, lab_json
 from lab_host import health
 
@@ -43,38 +42,15 @@ def on(host: dict, script: str, stdin: bytes | str | None = None, check: bool = 
     return out
 
 
-def tokenizer_files() -> dict[str, bytes]:
-    sys.path.insert(0, str(ROOT / "lab"))
-    from testhub import model
-
-    files = model._files_for(1)
-    return {n: files[n] for n in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")}
-
-
-GROUP_VARS = {
-    # the seed's flags that the simulated engine accepts on a 2-GPU lab host; the engine is the lab's simulator
-    "sglang_server_module": "sglang_sim.launch_server",
-    "sglang_server_ml_env_release": "/opt/ml-env/releases/sim",
-    "sglang_server_args_common": {"host": "0.0.0.0", "port": 8000},
-    "sglang_server_args_gpu_class": {"tp-size": 2, "mem-fraction-static": 0.88},
-    "sglang_server_args_model": {"model-path": "/srv/models/glm-5-sim", "served-model-name": "glm-5",
-                                 "max-running-requests": 64},
-    "sglang_server_environment": {"SGLANG_SIM_LOAD_SECONDS": "0.5", "SGLANG_SIM_GRAPH_SECONDS": "0.5",
-                                  "SGLANG_SIM_ACCESS_LOG": "0"},
+GROUP_VARS = simfleet.GROUP_VARS | {
     "sglang_server_api_key": KEY,
-    "sglang_server_timeout_start_s": 120,
-    "sglang_server_timeout_stop_s": 20,
-    "sglang_server_restart_sec": 5,
-    "sglang_server_progress_interval_s": 5,
-    "sglang_server_release_timeout_s": 10,
-    "sglang_server_smoke_timeout_s": 30,
     "serving_bench_concurrencies": [4, 16],
     "serving_bench_prompts_per_concurrency": 2,
     "serving_bench_input_len": 64,
     "serving_bench_output_len": 24,
     "serving_bench_gate_concurrency": 16,
     "serving_bench_gate_max_regression_pct": 25,
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -98,24 +74,8 @@ def fleet(tmp_path_factory):
         if name == "bench-01":
             host_vars["serving_bench_save_baseline"] = True  # bench-01's sweep is the GPU class baseline
         (inventory.parent / f"host_vars/{name}.yml").write_text(json.dumps(host_vars))
-    tar = io.BytesIO()
-    with tarfile.open(fileobj=tar, mode="w") as tf:
-        tf.add(
-            ROOT / "lab/sglang-sim/src/sglang_sim",
-            "sglang_sim",
-            filter=lambda t: None if "__pycache__" in t.name else t,
-        )
-        for name, data in tokenizer_files().items():
-            info = tarfile.TarInfo(f"tokenizer/{name}")
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    for h in hosts.values():
-        # the simulated engine as an "ml-env release" (the ml_env role is not what this test is about)
-        on(h, "set -e; d=/usr/lib/python3/dist-packages; mkdir -p /srv/models/glm-5-sim /opt/ml-env/releases/sim/bin; "
-              "tar -x -C $d; mv $d/tokenizer/* /srv/models/glm-5-sim/; rmdir $d/tokenizer; "
-              "ln -sf /usr/bin/python3 /opt/ml-env/releases/sim/bin/python; "
-              "ln -sfn /opt/ml-env/releases/sim /opt/ml-env/current; chmod -R a+rX $d/sglang_sim /srv/models",
-           stdin=tar.getvalue())  # fmt: skip
+    for name in hosts:
+        simfleet.install(NAME, name, LAB_ENV)
     rc, out = playbook({"inventory": inventory, "reports": reports}, "playbooks/deploy_server.yml", {})
     assert rc == 0, out[-5000:]
     for h in hosts.values():
