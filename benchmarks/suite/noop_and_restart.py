@@ -82,7 +82,14 @@ def main(argv: list[str] | None = None) -> dict:
         (work / "group_vars").mkdir()
         gv = simfleet.GROUP_VARS | {"sglang_server_report_dir": str(reports / "deploy")}
         (work / "group_vars/all.yml").write_text(json.dumps(gv))
-        tuned_text = (ROOT / "ansible.cfg").read_text().replace(".cache/facts", str(work / "facts"))
+        # the project's file, its relative paths made absolute (a config's paths are relative to its own folder)
+        tuned_text = (
+            (ROOT / "ansible.cfg")
+            .read_text()
+            .replace(".cache/facts", str(work / "facts"))
+            .replace("roles_path = roles", f"roles_path = {ROOT}/roles")
+            .replace("collections_path = collections", f"collections_path = {ROOT}/collections")
+        )
         tuned = work / "tuned.cfg"
         tuned.write_text(tuned_text.replace("inventory = inventory/lab", f"inventory = {inventory}"))
         plain = work / "defaults.cfg"

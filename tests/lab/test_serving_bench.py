@@ -24,6 +24,7 @@ from conftest import LAB_ENV, ROOT, lab, lab_json
 from lab_host import health
 
 NAME = "t-bench"
+GPU_CLASS = "NVIDIA RTX PRO 6000 Blackwell Server Edition x8"  # the lab profile rtx-pro-6000x8-vm
 HOSTS = {"bench-01": "60", "bench-02": "20"}  # SGLANG_SIM_TOKENS_PER_S: bench-02 is 3x slower
 KEY = "bench-key-5b0d"
 ARTIFACTS = ROOT / "tests/lab/artifacts"
@@ -58,7 +59,7 @@ def fleet(tmp_path_factory):
     inventory = tmp_path_factory.mktemp("inv") / "hosts.yml"
     reports = tmp_path_factory.mktemp("reports")
     result = lab_json("--name", NAME, "up", "--hosts", "2", "--host-names", ",".join(HOSTS),
-                      "--profile", "h200x2-vm", "--inventory", str(inventory))  # fmt: skip
+                      "--profile", "rtx-pro-6000x8-vm", "--inventory", str(inventory))  # fmt: skip
     hosts = {h["name"]: h for h in result["hosts"]}
     (inventory.parent / "group_vars").mkdir()
     group_vars = GROUP_VARS | {
@@ -112,7 +113,7 @@ def test_bench_baseline_gate_and_report(fleet):
     assert KEY not in out
     for host in HOSTS:
         latest = json.loads((reports / "bench" / host / "latest.json").read_text())
-        assert latest["gpu_class"] == "NVIDIA H200 x2"
+        assert latest["gpu_class"] == GPU_CLASS
         assert [r["max_concurrency"] for r in latest["results"]] == [4, 16]
         assert all(r["failed"] == 0 and r["output_throughput"] > 0 for r in latest["results"])
         assert (
@@ -134,7 +135,7 @@ def test_bench_baseline_gate_and_report(fleet):
     assert "CANARY GATE PASSED: bench-01: output_throughput at concurrency 16" in flat, flat[-3000:]
     assert "bench-01 : ok=" in flat and "failed=0" in flat.split("bench-01 : ok=")[1][:80]
     m = re.search(r"CANARY GATE REFUSED: bench-02: output_throughput at concurrency 16 is [\d.]+, ([\d.]+)% below "
-                  r"the baseline [\d.]+ of GPU class 'NVIDIA H200 x2' \(allowed: 25% below\)", flat)  # fmt: skip
+                  r"the baseline [\d.]+ of GPU class '" + GPU_CLASS + r"' \(allowed: 25% below\)", flat)  # fmt: skip
     assert m and float(m.group(1)) > 40, flat[-3000:]
     verdict = json.loads((reports / "gate/bench-02.json").read_text())
     assert verdict["ok"] is False and verdict["baseline_host"] == "bench-01"
@@ -151,7 +152,8 @@ def test_bench_baseline_gate_and_report(fleet):
     for host in HOSTS:
         assert f'data-host="{host}"' in page
     assert page.count('<table class="bench"') == 2
-    assert "NVIDIA H200 x2" in page and "NCCL_" in page and "REFUSED" in page and "0.5.9-sim (simulator)" in page
+    assert GPU_CLASS in page and "NCCL_P2P_LEVEL=PHB" in page and "REFUSED" in page
+    assert "0.5.9-sim (simulator)" in page
     imgs = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]{2000,})"', page)
     assert [a for a, _ in imgs] == ["Throughput vs concurrency per host and configuration",
                                     "Latency percentiles vs concurrency"]  # fmt: skip
