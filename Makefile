@@ -16,7 +16,7 @@ SCENARIO ?=
 MOLECULE_JOBS ?=
 LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
 
-.PHONY: real-engine help setup apt venv collections bench-client bench deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-tests molecule bench-lab real-kernel
+.PHONY: real-engine help setup apt venv collections bench-client bench deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-prune lab-tests molecule bench-lab real-kernel
 
 help:
 	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
@@ -76,7 +76,7 @@ lab-status:
 
 # Groups in order, stopping at the first that fails; the last line gives each group's time.
 test:
-	@python3 tools/timed_groups.py setup lint unit lab-tests molecule
+	@NO_PRUNE=1 python3 tools/timed_groups.py setup lint lab-prune unit+lab-tests+molecule
 
 lint:
 	ruff check .
@@ -86,12 +86,16 @@ lint:
 unit:
 	pytest tests/unit
 
-lab-tests:
+lab-prune:
 	python -m gpufleet_lab prune
+
+# Under `make test` the one prune runs before the lab tests and Molecule run side by side (NO_PRUNE=1).
+lab-tests:
+	$(if $(NO_PRUNE),,python -m gpufleet_lab prune)
 	pytest tests/lab
 
 molecule:
-	python -m gpufleet_lab prune
+	$(if $(NO_PRUNE),,python -m gpufleet_lab prune)
 	.venv/bin/python tools/run_molecule.py $(if $(MOLECULE_JOBS),--jobs $(MOLECULE_JOBS)) $(SCENARIO)
 
 bench-lab: setup

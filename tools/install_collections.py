@@ -6,12 +6,17 @@ Two sources:
           them, and installed with `ansible-galaxy collection install --offline` (works where only PyPI is
           reachable). Each requested version must equal the bundled one, or the install is refused.
 Idempotent: collections already installed at the requested version are left alone.
+
+The checkout itself is the collection gpufleet.fleet (galaxy.yml at the root): it is linked as
+<dest>/ansible_collections/gpufleet/fleet -> the root, so ansible-playbook, ansible-lint, Molecule and pytest
+resolve gpufleet.fleet.* (modules, filters, module_utils, roles, playbooks) to the working tree.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -78,6 +83,22 @@ def install_from_pypi(missing: list[dict], dest: Path, cache: Path, galaxy: str)
             print(f"installed {req['name']} {bundled} from the PyPI ansible {ANSIBLE_DISTRIBUTION} distribution")
 
 
+def link_self(dest: Path, root: Path) -> None:
+    """Link <dest>/ansible_collections/<namespace>/<name> to the root (the collection of galaxy.yml)."""
+    galaxy = yaml.safe_load((root / "galaxy.yml").read_text())
+    link = dest / "ansible_collections" / galaxy["namespace"] / galaxy["name"]
+    target = os.path.relpath(root, link.parent)
+    if link.is_symlink() and os.readlink(link) == target:
+        return
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.is_file():
+        link.unlink()
+    elif link.exists():
+        raise SystemExit(f"{link} exists and is not a link to the checkout: remove it and rerun make collections")
+    link.symlink_to(target, target_is_directory=True)
+    print(f"linked {galaxy['namespace']}.{galaxy['name']} ({link}) to the checkout")
+
+
 def main() -> int:
     root = Path(__file__).resolve().parents[1]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -87,6 +108,7 @@ def main() -> int:
     parser.add_argument("--cache", type=Path, default=root / ".cache" / "collections")
     args = parser.parse_args()
     galaxy = shutil.which("ansible-galaxy", path=str(Path(sys.executable).parent)) or "ansible-galaxy"
+    link_self(args.dest, root)
     wanted = yaml.safe_load(args.requirements.read_text())["collections"]
     missing = [r for r in wanted if installed_version(args.dest, r["name"]) != str(r.get("version"))]
     if not missing:

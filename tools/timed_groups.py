@@ -1,10 +1,13 @@
-"""Run make targets one after another, stop at the first that fails, and print each one's time at the end.
+"""Run make targets in steps, stop after the first step that fails, and print each target's time at the end.
 
-`make test` runs `python3 tools/timed_groups.py setup lint unit lab-tests molecule`. Each group's output goes
-straight to the console (pytest's and the Molecule runner's closing lines stay where CI looks for them); the
-last line is the summary, for example:
+`make test` runs `python3 tools/timed_groups.py setup lint lab-prune unit+lab-tests+molecule`. A step is one
+target, or several joined by `+` that run at the same time (each writes its output to
+`.cache/test-logs/<target>.log`; the whole log of each is printed when it ends, so pytest's and the Molecule
+runner's closing lines stay readable and in one piece). Targets of one step must not share a lab: the lab
+tests and the Molecule scenarios each bring up their own labs on their own subnets, and the one `prune`
+runs before them (`lab-prune`), never while they run. The last line is the summary, for example:
 
-  make test: PASS  setup 2s, lint 41s, unit 2m31s, lab-tests 1m50s, molecule 12m03s; total 17m07s
+  make test: PASS  setup 2s, lint 41s, lab-prune 1s, unit 4m31s, lab-tests 6m50s, molecule 15m03s; total 17m07s
 
 Standard library only (it runs before the project's virtual environment exists).
 """
@@ -15,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def fmt(seconds: float) -> str:
@@ -22,20 +26,63 @@ def fmt(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def main(groups: list[str]) -> int:
-    if not groups:
-        print("usage: timed_groups.py TARGET...", file=sys.stderr)
+def run_alone(make: str, target: str) -> tuple[int, str]:
+    started = time.monotonic()
+    rc = subprocess.run([make, "--no-print-directory", target], check=False).returncode
+    return rc, f"{target} {fmt(time.monotonic() - started)}{'' if rc == 0 else ' (FAILED)'}"
+
+
+def run_together(make: str, targets: list[str]) -> tuple[int, list[str]]:
+    """Start every target at once; print each one's log as it ends; first failure decides rc."""
+    logs = Path(".cache/test-logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    running = {}
+    for target in targets:
+        log_path = logs / f"{target}.log"
+        log = log_path.open("w")
+        proc = subprocess.Popen(
+            [make, "--no-print-directory", target], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        running[target] = (proc, log, log_path)
+        print(f"[{target}] started (output: {log_path})", flush=True)
+    times: dict[str, str] = {}
+    rc = 0
+    while running:
+        for target, (proc, log, log_path) in list(running.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            log.close()
+            del running[target]
+            took = fmt(time.monotonic() - started)
+            print(f"\n===== {target}: {'ok' if code == 0 else f'FAILED (rc {code})'} after {took} =====", flush=True)
+            sys.stdout.write(log_path.read_text(errors="replace"))
+            print(f"===== end of {target} =====", flush=True)
+            times[target] = f"{target} {took}{'' if code == 0 else ' (FAILED)'}"
+            rc = rc or code
+        time.sleep(1)
+    return rc, [times[t] for t in targets]
+
+
+def main(steps: list[str]) -> int:
+    if not steps:
+        print("usage: timed_groups.py TARGET|TARGET+TARGET... ...", file=sys.stderr)
         return 2
     make = os.environ.get("MAKE", "make")
     began = time.monotonic()
     times: list[str] = []
     rc = 0
-    for group in groups:
-        started = time.monotonic()
-        rc = subprocess.run([make, "--no-print-directory", group], check=False).returncode
-        times.append(f"{group} {fmt(time.monotonic() - started)}{'' if rc == 0 else ' (FAILED)'}")
+    for index, step in enumerate(steps):
+        targets = [t for t in step.split("+") if t]
+        if len(targets) == 1:
+            rc, line = run_alone(make, targets[0])
+            times.append(line)
+        else:
+            rc, lines = run_together(make, targets)
+            times.extend(lines)
         if rc != 0:
-            skipped = groups[len(times) :]
+            skipped = steps[index + 1 :]
             if skipped:
                 times.append(f"not run: {' '.join(skipped)}")
             break

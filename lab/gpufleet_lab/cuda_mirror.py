@@ -14,29 +14,26 @@ URL layout (``http://<gateway>:<port>``), mirroring developer.download.nvidia.co
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from gpufleet_lab.lab import CACHE_DIR, Lab
-from gpufleet_lab.sysutil import LabError, kill_recorded, pid_is, proc_starttime, write_atomic
+from gpufleet_lab.sysutil import (
+    LabError,
+    kill_recorded,
+    pid_is,
+    port_open,
+    proc_starttime,
+    spawn_detached,
+    write_atomic,
+)
 
 DEFAULT_PORT = 8480
 
 
 def _record_file(lab: Lab) -> Path:
     return lab.dir / "cuda-mirror.json"
-
-
-def _port_open(address: str, port: int) -> bool:
-    try:
-        with socket.create_connection((address, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _load(lab: Lab) -> dict | None:
@@ -72,23 +69,17 @@ def up(lab: Lab, port: int = DEFAULT_PORT, log=print) -> dict:
         raise LabError(f"cannot build the lab CUDA mirror: {exc}") from exc
     record = _load(lab)
     if record and pid_is(record.get("pid"), record.get("starttime")):
-        if (record["address"], record["port"], record["www"]) == (address, port, info["www"]) and _port_open(
+        if (record["address"], record["port"], record["www"]) == (address, port, info["www"]) and port_open(
             address, port
         ):
             return {**_describe(record, info), "changed": False}
         kill_recorded(record["pid"], record["starttime"])
-    if _port_open(address, port):
+    if port_open(address, port):
         raise LabError(f"{address}:{port} is already in use by another process: choose another --port")
     log_file = open(lab.dir / "cuda-mirror.log", "ab")  # noqa: SIM115 - handed to the long-lived child
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", address, "--directory", info["www"]],
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    proc = spawn_detached(
+        [sys.executable, "-m", "http.server", str(port), "--bind", address, "--directory", info["www"]], log_file
     )
-    log_file.close()
     record = {
         "pid": proc.pid,
         "starttime": proc_starttime(proc.pid),
@@ -98,7 +89,7 @@ def up(lab: Lab, port: int = DEFAULT_PORT, log=print) -> dict:
     }
     write_atomic(_record_file(lab), json.dumps(record, indent=2) + "\n")
     deadline = time.monotonic() + 15
-    while not _port_open(address, port):
+    while not port_open(address, port):
         if proc.poll() is not None or time.monotonic() > deadline:
             kill_recorded(record["pid"], record["starttime"])
             _record_file(lab).unlink(missing_ok=True)

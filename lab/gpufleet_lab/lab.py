@@ -8,7 +8,6 @@ import ipaddress
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -24,6 +23,7 @@ from gpufleet_lab.sysutil import (
     mounted_under,
     pid_is,
     pids_in_netns,
+    port_open,
     proc_starttime,
     run,
     write_atomic,
@@ -331,7 +331,7 @@ class Lab:
                 tail = Path(record["dir"], "nspawn.log").read_text(errors="replace")[-2000:]
                 raise LabError(f"{record['name']}: systemd-nspawn exited during boot:\n{tail}")
             state = self._system_state(record)
-            if state in ("running", "degraded") and _port_open(record["address"], 22):
+            if state in ("running", "degraded") and port_open(record["address"], 22):
                 return
             time.sleep(0.1)
         raise LabError(f"{record['name']}: not ready after {READY_TIMEOUT:.0f} s (is-system-running: {state})")
@@ -438,11 +438,3 @@ class Lab:
 
 def all_lab_names() -> list[str]:
     return sorted(p.parent.name for p in STATE_ROOT.glob("*/state.json"))
-
-
-def _port_open(address: str, port: int) -> bool:
-    try:
-        with socket.create_connection((address, port), timeout=0.5):
-            return True
-    except OSError:
-        return False

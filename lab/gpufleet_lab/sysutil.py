@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -132,3 +133,27 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     tmp.write_text(text)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+def port_open(address: str, port: int) -> bool:
+    """True when something accepts TCP connections on address:port (half a second to answer)."""
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def spawn_detached(argv: Sequence[str], log) -> subprocess.Popen:
+    """Start a long-lived child in its own session, output to the open binary file ``log`` (closed here)."""
+    try:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+    finally:
+        log.close()

@@ -15,8 +15,9 @@ codes), for a simulated machine described by a profile directory:
 Simulated commands: plain ``nvidia-smi``, ``-q``, ``-L``, ``--query-gpu=...``,
 ``--query-compute-apps=...`` (``--format=csv[,noheader][,nounits]``, ``-i``), ``topo -m``,
 ``topo -mp``, ``topo -p2p r|w|n|a|p``, ``nvlink -s``, ``--version``, ``-h``.
-The one option the real tool lacks: ``--gpusim-reset`` clears the allocations registry
-(leaked allocations included).
+``-r``/``--gpu-reset [-i ids]`` (the refusal while a process uses the device, and the release of leaked
+allocations; see lab/gpusim/README.md). The one option the real tool lacks: ``--gpusim-reset`` clears the
+allocations registry (leaked allocations included).
 
 Environment for tests: ``GPUSIM_TIMESTAMP`` (a literal timestamp string to print instead
 of the current time) and ``GPUSIM_NO_REPLAY=1`` (always render, never replay captures).
@@ -97,8 +98,6 @@ REAL_BUT_NOT_SIMULATED = {
     "--persistence-mode",
     "-pl",
     "--power-limit",
-    "-r",
-    "--gpu-reset",
     "-c",
     "--compute-mode",
     "-e",
@@ -235,6 +234,7 @@ def load_allocations(state_dir, gpu_indices, prune=True):
                 "type": str(rec.get("type") or "C"),
                 "gpus": gpus,
                 "leak": leak,
+                "starttime": rec.get("starttime"),
             }
         )
     return allocations
@@ -249,6 +249,82 @@ def reset_registry(state_dir):
         except OSError:
             pass
     return removed
+
+
+# --------------------------------------------------------------------------- GPU reset
+
+# Real texts (NVIDIA/gpu-operator#118, NVIDIA/NVSentinel#1690, cupy/cupy#1930): a refused reset lists the
+# GPUs it could not reset, then the explanation below, exit 255; a reset that works prints one line per GPU.
+RESET_IN_USE_TAIL = (
+    "{n} device{s} {is_are} currently being used by one or more other processes (e.g., Fabric Manager, CUDA "
+    "application, graphics application such as an X server, or a monitoring application such as another "
+    "instance of nvidia-smi). Please first kill all processes using this device and all compute applications "
+    "running in the system.\n"
+)
+RC_RESET_REFUSED = 255
+RC_NO_PERMISSION = 4  # NVML_ERROR_NO_PERMISSION
+
+
+def _persistence_daemon_running(proc_root="/proc"):
+    """nvidia-persistenced keeps every GPU open, so a reset is refused while it runs (NVSentinel#1690)."""
+    for name in os.listdir(proc_root):
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc_root, name, "comm"), encoding="utf-8", errors="replace") as fh:
+                if fh.read().strip() == "nvidia-persiste":  # comm is cut at 15 characters
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def gpu_reset(profile, state_dir, id_arg, out):
+    """``nvidia-smi -r [-i ids]``: refused while a live process holds a chosen GPU (or nvidia-persistenced
+    runs); else every allocation on those GPUs whose process is gone (a leak) is released."""
+    indices = {g.get("index", pos) for pos, g in enumerate(profile.get("gpus", []))}
+    machine = Machine(profile, load_allocations(state_dir, indices))
+    gpus = select_gpus(machine, id_arg)
+    if gpus is None or not machine.gpus:
+        out.write(NO_DEVICES)
+        return RC_NOT_FOUND
+    if os.geteuid() != 0:
+        out.write("The following GPUs could not be reset:\n")
+        for gpu in gpus:
+            out.write(f"  GPU {gpu['pci_bus_id']}: Insufficient Permissions\n")
+        return RC_NO_PERMISSION
+    daemon = _persistence_daemon_running()
+    busy = []
+    for gpu in gpus:
+        held = [a for a in machine.allocations if gpu["index"] in a["gpus"]]
+        if daemon or any(pid_alive(a["pid"], a.get("starttime")) for a in held):
+            busy.append(gpu)
+    if busy:
+        out.write("The following GPUs could not be reset:\n")
+        for gpu in busy:
+            out.write(f"  GPU {gpu['pci_bus_id']}: In use by another client\n")
+        n = len(busy)
+        out.write("\n" + RESET_IN_USE_TAIL.format(n=n, s="s" if n > 1 else "", is_are="are" if n > 1 else "is"))
+        return RC_RESET_REFUSED
+    chosen = {str(g["index"]) for g in gpus}
+    for path in glob.glob(os.path.join(state_dir, "alloc-*.json")):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                rec = json.load(fh)
+            left = {k: v for k, v in (rec.get("gpus") or {}).items() if str(k) not in chosen}
+            if left:
+                rec["gpus"] = left
+                tmp = os.path.join(state_dir, f".tmp-alloc-reset-{os.getpid()}.part")
+                with open(tmp, "w", encoding="utf-8") as fh:
+                    json.dump(rec, fh)
+                os.replace(tmp, path)
+            else:
+                os.unlink(path)
+        except (OSError, ValueError, AttributeError):
+            continue
+    for gpu in gpus:
+        out.write(f"GPU {gpu['pci_bus_id']} was successfully reset.\n")
+    return 0
 
 
 # --------------------------------------------------------------------------- machine state
@@ -766,6 +842,7 @@ Usage: nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...
     --format=                   csv[,noheader][,nounits]
     topo -m | -mp | -p2p r|w|n|a|p
     nvlink -s
+    -r,   --gpu-reset           Reset GPUs (root; refused while a process uses them); -i to choose.
 
 Simulator extension (not in NVIDIA's tool):
     --gpusim-reset              Clear the simulated allocations registry ({{state}}),
@@ -867,6 +944,18 @@ def run(argv, out):
     if failure:
         out.write(failure.get("message", NO_DRIVER_MESSAGE))
         return int(failure.get("rc", RC_DRIVER))
+
+    if "-r" in argv or "--gpu-reset" in argv:
+        rest = [a for a in argv if a not in ("-r", "--gpu-reset")]
+        id_arg = None
+        if len(rest) == 2 and rest[0] in ("-i", "--id"):
+            id_arg = rest[1]
+        elif len(rest) == 1 and rest[0].startswith("--id="):
+            id_arg = rest[0].partition("=")[2]
+        elif rest:
+            out.write(INVALID_ARGS)
+            return RC_INVALID_ARGS
+        return gpu_reset(profile, state_dir, id_arg, out)
 
     indices = {g.get("index", pos) for pos, g in enumerate(profile.get("gpus", []))}
     machine = Machine(profile, load_allocations(state_dir, indices))

@@ -137,8 +137,8 @@ def fill_cache(cache: Path) -> dict:
 
 
 def kernel_tag() -> str:
-    sys.path.insert(0, str(ROOT / "roles" / "ml_env" / "filter_plugins"))
-    import ml_env_filters
+    sys.path.insert(0, str(ROOT / "collections"))  # the checkout as gpufleet.fleet (make collections links it)
+    from ansible_collections.gpufleet.fleet.plugins.filter import ml_env_filters
 
     lock_meta = yaml.safe_load((LOCK / "lock.yml").read_text())
     torch = ml_env_filters.parse_lock((LOCK / "requirements.txt").read_text())["packages"]["torch"]

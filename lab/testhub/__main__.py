@@ -14,12 +14,13 @@ import fcntl
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from gpufleet_lab.sysutil import port_open, spawn_detached
 
 from testhub.model import LAB_TOKEN, REPO_ID, generate
 from testhub.server import make_server
@@ -36,14 +37,6 @@ def _starttime(pid: int) -> str | None:
 
 def _alive(record: dict) -> bool:
     return bool(record) and _starttime(record["pid"]) == record["starttime"]
-
-
-def _port_open(address: str, port: int) -> bool:
-    try:
-        with socket.create_connection((address, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _load(state_dir: Path) -> dict:
@@ -75,7 +68,7 @@ def cmd_start(args) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     record = _load(state_dir)
     url = f"http://{args.bind}:{args.port}"
-    if _alive(record) and record.get("url") == url and _port_open(args.bind, args.port):
+    if _alive(record) and record.get("url") == url and port_open(args.bind, args.port):
         print(json.dumps({**record, "changed": False}))
         return 0
     if _alive(record):
@@ -102,17 +95,9 @@ def cmd_start(args) -> int:
         argv += ["--tokens-file", args.tokens_file]
     if args.wheelhouse:
         argv += ["--wheelhouse", args.wheelhouse]
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
-    log.close()
+    proc = spawn_detached(argv, log)
     deadline = time.monotonic() + 20
-    while not _port_open(args.bind, args.port):
+    while not port_open(args.bind, args.port):
         if proc.poll() is not None or time.monotonic() > deadline:
             if proc.poll() is None:
                 proc.kill()

@@ -12,19 +12,16 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-import jinja2
+import collection_jinja
 import pytest
+from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as filters  # noqa: E402
 from conftest import ROOT, lab, lab_json
 from lab_host import on
-
-sys.path.insert(0, str(ROOT / "roles" / "sglang_server" / "filter_plugins"))
-import sglang_server as filters  # noqa: E402
 
 NAME = "fidelity-keys"
 ROLE = ROOT / "roles" / "sglang_server"
@@ -76,8 +73,7 @@ VARS = {
 
 
 def render(template: str, **extra) -> str:
-    env = jinja2.Environment(keep_trailing_newline=True)
-    env.filters.update(filters.FilterModule().filters())
+    env = collection_jinja.environment()
     return env.from_string((ROLE / "templates" / template).read_text()).render({**VARS, **extra})
 
 

@@ -20,16 +20,12 @@ import tarfile
 import threading
 import time
 
+import collection_jinja
 import jinja2
 import pytest
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_host as host_utils  # noqa: E402
 from conftest import LAB_ENV, ROOT, lab, lab_json
 from lab_host import health
-
-sys.path.insert(0, str(ROOT / "roles/sglang_server/filter_plugins"))
-sys.path.insert(0, str(ROOT / "roles/sglang_server/module_utils"))
-
-import sglang_server as role_filters  # noqa: E402
-import sglang_server_host as host_utils  # noqa: E402
 
 NAME = "t-drain"
 UNIT = "sglang-server.service"
@@ -42,8 +38,7 @@ TOKENS = 240
 
 def render_role_unit(timeout_stop_s: int = STOP_TIMEOUT_S) -> str:
     """The role's template with the role's filters (Ansible's template settings: trim_blocks)."""
-    env = jinja2.Environment(trim_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
-    env.filters.update(role_filters.FilterModule().filters())
+    env = collection_jinja.environment(trim_blocks=True, undefined=jinja2.StrictUndefined)
     argv = ["--model-path", "/srv/models/glm-5-sim", "--served-model-name", "glm-5", "--tp", "2",
             "--host", "0.0.0.0", "--port", "8000"]  # fmt: skip
     return env.from_string(TEMPLATE.read_text()).render(
@@ -276,13 +271,12 @@ def test_the_roles_stop_reports_the_request_in_flight_and_none_cut(host, invento
     env = dict(
         LAB_ENV,
         ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_LIBRARY=str(ROOT / "roles/sglang_server/library"),
-        ANSIBLE_MODULE_UTILS=str(ROOT / "roles/sglang_server/module_utils"),
+        ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"),
         ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
         ANSIBLE_STDOUT_CALLBACK="json",
         ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"),
     )
-    cmd = [str(ROOT / ".venv/bin/ansible"), "-i", str(inventory), HOST, "-m", "sglang_server_swap"]
+    cmd = [str(ROOT / ".venv/bin/ansible"), "-i", str(inventory), HOST, "-m", "gpufleet.fleet.sglang_server_swap"]
     proc = subprocess.run(
         [*cmd, "-a", json.dumps(args)],
         capture_output=True, text=True, cwd=ROOT, env=env, check=False, timeout=240,

@@ -20,5 +20,5 @@ def load(name: str, path: Path):
     return module
 
 
-filters = load("cuda_toolkit_filters", ROLE / "filter_plugins" / "cuda_toolkit.py")
-wheels_module = load("cuda_toolkit_wheels_module", ROLE / "library" / "cuda_toolkit_wheels.py")
+filters = load("cuda_toolkit_filters", REPO / "plugins" / "filter" / "cuda_toolkit.py")
+wheels_module = load("cuda_toolkit_wheels_module", REPO / "plugins" / "modules" / "cuda_toolkit_wheels.py")

@@ -1,4 +1,4 @@
-"""library/cuda_toolkit_wheels.py: finding, verifying and laying out NVIDIA's compiler wheels."""
+"""plugins/modules/cuda_toolkit_wheels.py: finding, verifying and laying out NVIDIA's compiler wheels."""
 
 from __future__ import annotations
 

@@ -21,17 +21,13 @@ DEVICE = FIXTURES / "h200-device"
 H200X2 = FIXTURES / "h200x2-vm"
 SIM = REPO / "lab" / "gpusim" / "nvidia_smi.py"
 PROFILES = REPO / "lab" / "gpusim" / "profiles"
-for sub in ("module_utils", "filter_plugins"):
-    path = str(REPO / "roles" / "gpu_facts" / sub)
-    if path not in sys.path:
-        sys.path.insert(0, path)
 BENCH = str(REPO / "benchmarks" / "nccl")
 if BENCH not in sys.path:
     sys.path.insert(0, BENCH)
 
 import allreduce_bw as ab  # noqa: E402,F401  (re-exported for the tests)
-import gpu_facts_collect as gfc  # noqa: E402
-import gpu_facts_filters as gff  # noqa: E402,F401
+from ansible_collections.gpufleet.fleet.plugins.filter import gpu_facts_filters as gff  # noqa: E402,F401
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpu_facts_collect as gfc  # noqa: E402
 
 KVM = {("systemd-detect-virt", "--vm"): (0, "kvm\n", ""), ("systemd-detect-virt", "--container"): (1, "none\n", "")}
 

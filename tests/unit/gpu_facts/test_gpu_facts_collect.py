@@ -1,4 +1,4 @@
-"""roles/gpu_facts/module_utils/gpu_facts_collect.py: the facts from real captures, the simulator and edge cases."""
+"""plugins/module_utils/gpu_facts_collect.py: the facts from real captures, the simulator and edge cases."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The gpu_facts module as Ansible runs it (AnsiballZ, role module_utils), with the lab's simulated nvidia-smi."""
+"""The gpu_facts module as Ansible runs it (AnsiballZ, the collection module_utils), with simulated nvidia-smi."""
 
 from __future__ import annotations
 
@@ -32,14 +32,26 @@ def run_module(args, tmp_path, check=False):
     (tmp_path / "ansible.cfg").write_text("[defaults]\nhost_key_checking = false\n")
     env = dict(
         os.environ,
-        ANSIBLE_LIBRARY=str(REPO / "roles/gpu_facts/library"),
-        ANSIBLE_MODULE_UTILS=str(REPO / "roles/gpu_facts/module_utils"),
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
         ANSIBLE_CONFIG=str(tmp_path / "ansible.cfg"),
         ANSIBLE_LOCALHOST_WARNING="false",
         ANSIBLE_PYTHON_INTERPRETER=sys.executable,
     )
     tree = tmp_path / "tree"
-    cmd = [str(ANSIBLE), "-i", "localhost,", "-c", "local", "localhost", "-m", "gpu_facts", "-a", args, "-t", str(tree)]
+    cmd = [
+        str(ANSIBLE),
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "localhost",
+        "-m",
+        "gpufleet.fleet.gpu_facts",
+        "-a",
+        args,
+        "-t",
+        str(tree),
+    ]
     if check:
         cmd.append("--check")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, cwd=tmp_path)

@@ -1,4 +1,4 @@
-"""roles/gpu_facts/module_utils/nvidia_smi_parse.py over real captures and edge cases.
+"""plugins/module_utils/nvidia_smi_parse.py over real captures and edge cases.
 
 The real captures (2x H200 VM, driver 580.159.04) are copied in tests/unit/fixtures/h200x2-vm/.
 """
@@ -6,16 +6,14 @@ The real captures (2x H200 VM, driver 580.159.04) are copied in tests/unit/fixtu
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 FIXTURES = REPO / "tests" / "unit" / "fixtures" / "h200x2-vm"
-sys.path.insert(0, str(REPO / "roles" / "gpu_facts" / "module_utils"))
 
-from nvidia_smi_parse import (  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_smi_parse import (  # noqa: E402
     NvidiaSmiParseError,
     compute_cap_to_arch,
     parse_csv_query,
@@ -40,7 +38,7 @@ def p2p_capture(mode):
 
 
 def test_module_does_not_import_ansible():
-    source = (REPO / "roles/gpu_facts/module_utils/nvidia_smi_parse.py").read_text()
+    source = (REPO / "plugins/module_utils/nvidia_smi_parse.py").read_text()
     assert not re.search(r"^\s*(import|from)\s+ansible", source, flags=re.M)
 
 

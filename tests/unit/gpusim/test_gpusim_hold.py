@@ -22,9 +22,8 @@ SIM = REPO / "lab" / "gpusim" / "nvidia_smi.py"
 HOLD = REPO / "lab" / "gpusim" / "gpusim_hold.py"
 PROFILES = REPO / "lab" / "gpusim" / "profiles"
 CAPTURE = REPO / "tests" / "unit" / "fixtures" / "h200-device" / "gpu-holder"
-sys.path.insert(0, str(REPO / "roles" / "sglang_server" / "module_utils"))
 
-import sglang_server_host as ssh  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_host as ssh  # noqa: E402
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The simulated nvidia-smi (lab/gpusim/nvidia_smi.py), run as a subprocess.
 
 Checked against the real 2x H200 captures copied to tests/unit/fixtures/h200x2-vm/, and
-through the production parser (roles/gpu_facts/module_utils/nvidia_smi_parse.py).
+through the production parser (plugins/module_utils/nvidia_smi_parse.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ REPO = Path(__file__).resolve().parents[3]
 SIM = REPO / "lab" / "gpusim" / "nvidia_smi.py"
 PROFILES = REPO / "lab" / "gpusim" / "profiles"
 FIXTURES = REPO / "tests" / "unit" / "fixtures" / "h200x2-vm"
-sys.path.insert(0, str(REPO / "roles" / "gpu_facts" / "module_utils"))
 
-import nvidia_smi_parse as nsp  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import nvidia_smi_parse as nsp  # noqa: E402
 
 SIM_LINE = "gpufleet lab simulator: this is not NVIDIA's nvidia-smi"
 CAPTURE_TS = "Sun Nov 29 20:59:44 2026"
@@ -472,3 +471,42 @@ def test_version_and_help_say_simulator(smi, profile):
 def test_ordinary_outputs_do_not_mention_the_simulator(smi, profile):
     for args in [(), ("-q",), ("-L",), ("topo", "-m"), ("--query-gpu=name", "--format=csv")]:
         assert "simulator" not in smi(profile, *args).stdout
+
+
+# ----------------------------------------------------------------------------- GPU reset (-r / --gpu-reset)
+
+IN_USE = (
+    "The following GPUs could not be reset:\n  GPU 00000000:00:06.0: In use by another client\n\n1 device is "
+    "currently being used by one or more other processes (e.g., Fabric Manager, CUDA application, graphics "
+    "application such as an X server, or a monitoring application such as another instance of nvidia-smi). "
+    "Please first kill all processes using this device and all compute applications running in the system.\n"
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a GPU reset needs root, as on a real host")
+def test_gpu_reset_is_refused_while_a_live_process_holds_the_gpu(smi, state_dir, sleeper):
+    proc = sleeper()
+    write_alloc(state_dir, proc.pid, {0: 5000}, starttime=proc_starttime(proc.pid))
+    result = smi("h200x2-vm", "--gpu-reset", "-i", "0")
+    assert (result.returncode, result.stdout) == (255, IN_USE)
+    assert query_used(smi)[0][0] == 5000  # nothing released
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a GPU reset needs root, as on a real host")
+def test_gpu_reset_releases_a_leaked_allocation_of_a_dead_process(smi, state_dir, sleeper):
+    proc = sleeper()
+    write_alloc(state_dir, proc.pid, {0: 60000, 1: 70000}, leak=True)
+    proc.kill()
+    proc.wait()
+    result = smi("h200x2-vm", "-r", "-i", "1")
+    assert (result.returncode, result.stdout) == (0, "GPU 00000000:00:07.0 was successfully reset.\n")
+    assert query_used(smi)[0][0] == 60000 and query_used(smi)[1][0] == 0  # only the reset GPU is freed
+    result = smi("h200x2-vm", "--gpu-reset")  # no -i: every GPU
+    assert result.returncode == 0
+    assert result.stdout.splitlines() == [
+        "GPU 00000000:00:06.0 was successfully reset.",
+        "GPU 00000000:00:07.0 was successfully reset.",
+    ]
+    assert list(state_dir.iterdir()) == []
+    assert smi("h200x2-vm", "-r", "-i", "5").returncode == 6
+    assert smi("h200x2-vm", "-r", "-q").returncode == 2

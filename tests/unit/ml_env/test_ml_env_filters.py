@@ -1,7 +1,7 @@
 """Decision logic of the ml_env role: lock parsing, release ids, kernel build settings, build-or-reuse."""
 
 import pytest
-from ml_env_filters import (
+from ansible_collections.gpufleet.fleet.plugins.filter.ml_env_filters import (
     cuda_archs,
     flash_attn_archs,
     kernel_builder,
@@ -79,7 +79,7 @@ def test_cuda_archs_from_real_gpu_facts_captures():
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[3]
-    collect = repo / "roles" / "gpu_facts" / "module_utils"
+    collect = repo / "plugins" / "module_utils"
     if not (collect / "gpu_facts_collect.py").exists():
         pytest.skip("gpu_facts role not present")
     sys.path.insert(0, str(repo / "tests" / "unit" / "gpu_facts"))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ml_env_filters import parse_lock
+from ansible_collections.gpufleet.fleet.plugins.filter.ml_env_filters import parse_lock
 
 REPO = Path(__file__).resolve().parents[3]
 LOCKS = REPO / "locks"

@@ -7,6 +7,7 @@ HF_ENDPOINT points at the test hub and every call passes it explicitly.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -19,7 +20,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "lab"))
-MODULE_PATH = REPO / "roles" / "model_weights" / "library" / "model_weights_stage.py"
+MODULE_PATH = REPO / "plugins" / "modules" / "model_weights_stage.py"
 
 from testhub.model import REPO_ID, generate  # noqa: E402
 from testhub.server import make_server  # noqa: E402
@@ -29,10 +30,10 @@ NOACCESS = "hf_unit_noaccess_token_0123456789"
 
 
 def load_stage_module():
+    """The module's code: the thin module file loads (its imports resolve), and the staging logic it runs."""
     spec = importlib.util.spec_from_file_location("model_weights_stage", MODULE_PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    return importlib.import_module("ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_stager")
 
 
 @pytest.fixture(scope="session")

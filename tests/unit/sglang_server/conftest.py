@@ -19,12 +19,11 @@ ROLE = REPO / "roles" / "sglang_server"
 FIXTURES = REPO / "tests" / "unit" / "fixtures"
 LAB_CAPTURES = FIXTURES / "sglang-server-lab"
 
-for sub in ("module_utils", "library"):
-    if str(ROLE / sub) not in sys.path:
-        sys.path.insert(0, str(ROLE / sub))
-# The modules import `ansible.module_utils.sglang_server_host` (Ansible ships the role's module_utils so).
-_host = importlib.import_module("sglang_server_host")
-sys.modules.setdefault("ansible.module_utils.sglang_server_host", _host)
+# The modules are imported by their file name from plugins/modules; they import module_utils as Ansible does
+# (ansible_collections.gpufleet.fleet.plugins.module_utils.*, importable through tests/conftest.py).
+MODULES = REPO / "plugins" / "modules"
+if str(MODULES) not in sys.path:
+    sys.path.insert(0, str(MODULES))
 # The simulator's test helpers (a real sglang_sim server on loopback) for the modules that talk HTTP.
 SIM_TESTS = REPO / "tests" / "unit" / "sglang_sim"
 if str(SIM_TESTS) not in sys.path:

@@ -14,16 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jinja2
+import collection_jinja
 import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
 ROLE = REPO / "roles" / "sglang_server"
-sys.path.insert(0, str(ROLE / "filter_plugins"))
 sys.path.insert(0, str(REPO / "lab" / "sglang-sim" / "src"))
 
-import sglang_server as f  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as f  # noqa: E402
 from sglang_sim import cli  # noqa: E402
 
 HOSTILE = [
@@ -61,8 +60,7 @@ HOSTILE = [
 
 
 def render_unit(**overrides) -> str:
-    env = jinja2.Environment(keep_trailing_newline=True)
-    env.filters.update(f.FilterModule().filters())
+    env = collection_jinja.environment()
     variables = {
         "sglang_server_api_key": "set",
         "sglang_server_argv": ["--model-path", "/srv/models/glm-5", "--port", "8000"],

@@ -10,13 +10,12 @@ abbreviation SGLang's argparse resolves to `--tp-size` (gpufleet renders exact o
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ansible_eval import host_value
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "unit" / "gpu_facts"))
@@ -62,26 +61,14 @@ def rendered(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("example")
     (tmp / "facts.json").write_text(json.dumps({"gpu_facts_comm": comm}))
     expr = (
-        "{{ {'argv': sglang_server_args | sglang_argv, 'nccl': gpu_facts_comm.nccl_env, "
+        "{{ {'argv': sglang_server_args | gpufleet.fleet.sglang_argv, 'nccl': gpu_facts_comm.nccl_env, "
         "'omp': sglang_server_omp_num_threads | string, "
         "'cuda_home': cuda_toolkit_home | default('/usr/local/cuda-' ~ cuda_toolkit_version)} | to_json }}"
     )
-    env = dict(
-        os.environ,
-        ANSIBLE_FILTER_PLUGINS=str(REPO / "roles" / "sglang_server" / "filter_plugins"),
-        ANSIBLE_CALLBACK_RESULT_FORMAT="json",
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_CACHE_PLUGIN="memory",
-    )
-    proc = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible"), "glm5-rtxpro-01", "-i", "inventory/examples/glm5-rtxpro6000",
-         "-m", "ansible.builtin.debug", "-a", f"msg={expr}",
-         "-e", "@playbooks/vars/sglang_server_args.yml", "-e", f"@{tmp / 'facts.json'}"],
-        cwd=REPO, env=env, capture_output=True, text=True, check=False,
+    result = host_value(
+        "glm5-rtxpro-01", "inventory/examples/glm5-rtxpro6000", expr,
+        "@playbooks/vars/sglang_server_args.yml", f"@{tmp / 'facts.json'}",
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(proc.stdout.split("SUCCESS => ", 1)[1])["msg"]
     return json.loads(result) if isinstance(result, str) else result
 
 
@@ -107,8 +94,7 @@ def test_sglang_parses_both_command_lines_to_the_same_arguments(rendered):
 
 
 def test_every_rendered_option_is_an_exact_sglang_option(rendered):
-    sys.path.insert(0, str(REPO / "roles" / "sglang_server" / "filter_plugins"))
-    import sglang_server as f
+    from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as f
 
     table = f.load_table()
     assert [o for o, _ in options(rendered["argv"]) if o not in table] == []

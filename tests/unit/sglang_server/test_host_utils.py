@@ -1,4 +1,4 @@
-"""module_utils/sglang_server_host.py over captures from a lab host (systemctl show, ss, journalctl -o json,
+"""plugins/module_utils/sglang_server_host.py over captures from a lab host (systemctl show, ss, journalctl -o json,
 /proc/<pid>/cgroup: tests/unit/fixtures/sglang-server-lab/), a fake /proc tree, the lab's simulated
 nvidia-smi (same formats as the real one) and a loopback HTTP server."""
 
@@ -9,7 +9,7 @@ import json
 import threading
 
 import pytest
-import sglang_server_host as h
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_host as h
 from conftest import LAB_CAPTURES, REPO
 
 UNIT = "sglang-server.service"

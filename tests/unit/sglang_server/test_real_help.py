@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "roles" / "sglang_server" / "filter_plugins"))
 
-import sglang_server as f  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as f  # noqa: E402
 
 FIXTURES = REPO / "tests" / "unit" / "fixtures" / "sglang-0.5.9"
 HELP = (FIXTURES / "launch_server-help.txt").read_text()
@@ -49,11 +47,11 @@ def test_help_options_read_by_the_role_are_exactly_the_real_parsers_options():
 
 
 def test_the_engine_help_module_reads_the_same_options_as_the_filter():
-    path = REPO / "roles" / "sglang_server" / "library" / "sglang_server_engine_help.py"
+    path = REPO / "plugins" / "modules" / "sglang_server_engine_help.py"
     spec = importlib.util.spec_from_file_location("sglang_server_engine_help", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert sorted(set(module.OPTION_RE.findall(HELP))) == f.sglang_help_options(HELP)
+    assert module.help_options(HELP) == f.sglang_help_options(HELP)
 
 
 def test_the_role_argument_table_is_the_real_parser():

@@ -11,14 +11,13 @@ real engine itself runs in `make real-engine`.
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from ansible_eval import host_value
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "inventory" / "examples" / "glm5-rtxpro6000"
@@ -38,9 +37,11 @@ DERIVED = {
     "sglang_server_release": RELEASE,
     "sglang_server_python": RELEASE + "/bin/python",
     "sglang_server_release_id": "2026-11-30-sglang-cu128",
-    "sglang_server_argv": "{{ sglang_server_args | sglang_argv }}",
-    "sglang_server_model": "{{ sglang_server_args | sglang_arg('model-path', '') | string }}",
-    "sglang_server_served_name": "{{ sglang_server_args | sglang_arg('served-model-name', sglang_server_model) }}",
+    "sglang_server_argv": "{{ sglang_server_args | gpufleet.fleet.sglang_argv }}",
+    "sglang_server_model": "{{ sglang_server_args | gpufleet.fleet.sglang_arg('model-path', '') | string }}",
+    "sglang_server_served_name": (
+        "{{ sglang_server_args | gpufleet.fleet.sglang_arg('served-model-name', sglang_server_model) }}"
+    ),
     "sglang_server_use_redactor": False,
     "sglang_server_redactor_sha256": "",
     "sglang_server_runtime_dir_name": "{{ sglang_server_service_name }}",
@@ -68,22 +69,10 @@ def unit(tmp_path_factory) -> str:
     extra["gpu_facts_comm"] = h.gff.gpu_comm_settings(h.facts_for("rtx-pro-6000x8-vm"), {}, 1)
     (tmp / "vars.json").write_text(json.dumps(extra))
     template = REPO / "roles" / "sglang_server" / "templates" / "sglang-server.service.j2"
-    env = dict(
-        os.environ,
-        ANSIBLE_FILTER_PLUGINS=str(REPO / "roles" / "sglang_server" / "filter_plugins"),
-        ANSIBLE_CALLBACK_RESULT_FORMAT="json",
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_CACHE_PLUGIN="memory",
-    )
-    proc = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "ansible"), "glm5-rtxpro-01", "-i", str(EXAMPLE),
-         "-m", "ansible.builtin.debug", "-a", f"msg={{{{ lookup('ansible.builtin.template', '{template}') }}}}",
-         "-e", "@playbooks/vars/sglang_server_args.yml", "-e", f"@{tmp / 'vars.json'}"],
-        cwd=REPO, env=env, capture_output=True, text=True, check=False,
+    return host_value(
+        "glm5-rtxpro-01", EXAMPLE, f"{{{{ lookup('ansible.builtin.template', '{template}') }}}}",
+        "@playbooks/vars/sglang_server_args.yml", f"@{tmp / 'vars.json'}",
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(proc.stdout.split("SUCCESS => ", 1)[1])["msg"]
 
 
 def exec_start(unit: str) -> list[str]:

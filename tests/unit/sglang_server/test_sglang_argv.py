@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "roles" / "sglang_server" / "filter_plugins"))
 
-import sglang_server as f  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as f  # noqa: E402
 
 SIM_DUMP = REPO / "lab" / "sglang-sim" / "src" / "sglang_sim" / "data" / "server-args-0.5.9.json"
 

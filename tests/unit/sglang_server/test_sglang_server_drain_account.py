@@ -1,4 +1,4 @@
-"""module_utils/sglang_server_host.py: requests in flight before a stop, and how many the stop cut."""
+"""plugins/module_utils/sglang_server_host.py: requests in flight before a stop, and how many the stop cut."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "roles/sglang_server/module_utils"))
 sys.path.insert(0, str(ROOT / "tests/unit/sglang_sim"))
 
-import sglang_server_host as h  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_host as h  # noqa: E402
 from sglang_sim_helpers import Sim  # noqa: E402
 
 DRAINED = {"result": "success", "exec_main_code": "1", "exec_main_status": "137"}

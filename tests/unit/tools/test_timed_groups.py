@@ -43,3 +43,23 @@ def test_timed_groups_summary_after_all_output(tmp_path):
     lines = proc.stdout.rstrip().splitlines()
     assert lines[0] == "1 passed in 0.01s" and lines[1] == "2 passed, 0 failed"
     assert lines[-1].startswith("make test: PASS  a ") and ", b " in lines[-1]
+
+
+def test_timed_groups_step_of_targets_run_together(tmp_path):
+    # a and b each wait for the other's mark: they only both finish when they run at the same time.
+    (tmp_path / "Makefile").write_text(
+        "a:\n\t@touch a.mark; for i in $$(seq 50); do [ -e b.mark ] && break; sleep 0.1; done; "
+        "[ -e b.mark ] && echo A-SAW-B\n"
+        "b:\n\t@touch b.mark; for i in $$(seq 50); do [ -e a.mark ] && break; sleep 0.1; done; "
+        "[ -e a.mark ] && echo B-SAW-A; exit 3\n"
+        "c:\n\t@echo C-RAN\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(TIMED), "a+b", "c"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode != 0
+    assert "A-SAW-B" in proc.stdout and "B-SAW-A" in proc.stdout and "C-RAN" not in proc.stdout
+    assert "===== b: FAILED (rc 2)" in proc.stdout  # make answers 2 when a recipe fails
+    last = proc.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("make test: FAIL  a ") and "b " in last and "(FAILED)" in last and "not run: c" in last
+    assert (tmp_path / ".cache/test-logs/a.log").read_text().strip() == "A-SAW-B"

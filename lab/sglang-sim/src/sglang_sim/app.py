@@ -21,6 +21,7 @@ from .engine import Engine, env_float
 from .faults import Faults
 from .http_api import SimHTTPServer, access_log_default, bind_error_message
 from .log import log
+from .multinode import Rendezvous, RendezvousError, launch_dummy_health_check_server
 from .procutil import kill_process_tree
 
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,6 +98,8 @@ class App:
         # per-GPU memory plan (from the first local GPU; profiles are homogeneous in practice)
         self.world = cli.tp_size(args) * cli.pp_size(args)
         self.nnodes = int(args.nnodes or 1)
+        self.node_rank = int(args.node_rank or 0)
+        self.rendezvous: Rendezvous | None = None
         self.local = self.world // self.nnodes
         first = profile.gpu(int(args.base_gpu_id or 0)) or profile.gpus[0]
         self.budget_mib = int(float(args.mem_fraction_static) * first.usable_mib)
@@ -183,7 +186,11 @@ class App:
 
     # ------------------------------------------------------------------ signals
     def _on_sigterm(self, signum, frame) -> None:
-        if self.handle_loop_at is not None:
+        if self.node_rank >= 1:
+            # node rank >= 1 (_launch_subprocesses joins its schedulers): no handler, the default action
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        elif self.handle_loop_at is not None:
             # SignalHandler.sigterm_handler (run by loop.add_signal_handler, so no signum/frame are passed)
             if not self.sigterm:
                 log("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
@@ -204,6 +211,17 @@ class App:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGINT, self._on_sigint)
         try:
+            if self.nnodes > 1:
+                # init_distributed_environment (in the schedulers of 0.5.9): every node of the world joins the
+                # TCPStore at --dist-init-addr before any weight is loaded; node 0's engine stalls when one leaves
+                lost = self.engine.hung.set if self.node_rank == 0 else (lambda: None)
+                try:
+                    self.rendezvous = Rendezvous(self.args, lost)  # kept: its connections are the world's
+                    self.rendezvous.join()
+                except RendezvousError as e:
+                    log(f"Scheduler hit an exception: Traceback (most recent call last):\n{e}")
+                    log("Received sigquit from a child process. It usually means the child failed.")
+                    kill_process_tree(os.getpid(), include_parent=True)
             self._spawn_children()
             rc = self._main_loop()
         finally:
@@ -348,6 +366,8 @@ class App:
             popen.stdin.flush()
             self.children.append(child)
             threading.Thread(target=self._read_status, args=(child,), daemon=True).start()
+        if self.node_rank >= 1:
+            return  # node rank >= 1 runs no detokenizer (_launch_subprocesses)
         detok = subprocess.Popen(
             [sys.executable, "-m", "sglang_sim.detokenizer"],
             stdin=subprocess.PIPE,
@@ -452,6 +472,13 @@ class App:
                     return self._fail(failed)
             if self.state == "ready":
                 self._maybe_log_decode()
+            if self.state == "starting" and self.node_rank >= 1 and all(c.status == "ready" for c in self.schedulers()):
+                # entrypoints/engine.py _launch_subprocesses, node_rank >= 1: no tokenizer manager, no warm-up;
+                # a health server that answers 200 without asking the engine, then proc.join() forever
+                launch_dummy_health_check_server(self.args.host, int(self.args.port))
+                self._was_ready = True
+                self.state = "ready"
+                continue
             if self.state == "starting" and all(c.status == "ready" for c in self.schedulers()):
                 rc = self._start_http()
                 if rc is not None:

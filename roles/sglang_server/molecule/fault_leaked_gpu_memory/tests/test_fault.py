@@ -1,56 +1,95 @@
-"""GPU memory leaked by the old process: detected after the stop (PIDs named), previous version restored;
-a later deploy is refused before the stop while the leak holds the GPUs."""
+"""GPU memory leaked by the old process (issue 12 row 3): a last-known-good that never stopped is marked so;
+its leak on the stop is detected and named, nothing is started into the held memory (no rollback into it),
+it is never a rollback target again, and the opt-in GPU reset frees the memory so that the new version serves."""
 
+import json
 import re
 
 import pytest
-from fault_common import auto_rollback
-from sglang_molecule import LAB_ENV, UNIT_PATH, ask, health, props, report, run_playbook
+from sglang_molecule import LAB_ENV, UNIT_PATH, ask, health, props, report, run_playbook, unit_processes
 
 HOST = "sglang-01"
-OLD = {
-    "sglang_server_args_host": {"mem-fraction-static": 0.4},
-    "sglang_server_environment": {**LAB_ENV, "SGLANG_SIM_FAULT": "leak-gpu-memory"},
+STATE = "/var/lib/gpufleet/sglang-server"
+# The new version: no leak, one flag changed (a restart).
+NEW = {
+    "sglang_server_environment": LAB_ENV,
+    "sglang_server_args_host": {"max-running-requests": 32},
 }
-NEW = {**OLD, "sglang_server_args_host": {"mem-fraction-static": 0.4, "max-running-requests": 32}}
+
+
+def manifest(host, which: str) -> dict:
+    return json.loads(host.file(f"{STATE}/{which}/manifest.json").content_string)
+
+
+def compute_apps(host) -> list[str]:
+    return host.check_output("nvidia-smi --query-compute-apps=pid --format=csv,noheader").split()
+
+
+def test_converged_leaker_is_last_good_but_never_stopped(host):
+    r = report(HOST)  # the converge run's report
+    assert r["result"] == "ok"
+    assert r["last_good"]["stop_record"] == "never stopped"
+    assert manifest(host, "last-good")["stopped_cleanly"] is None
 
 
 @pytest.fixture(scope="module")
-def bad_deploy(host):
+def held_deploy(host):
     before = props(host)
-    old_pids = set(host.check_output("nvidia-smi --query-compute-apps=pid --format=csv,noheader").split())
-    extra = {} if auto_rollback() else {"sglang_server_auto_rollback": False}  # GPUFLEET_FAULT_AUTO_ROLLBACK
-    rc, out = run_playbook("playbooks/deploy_server.yml", {**NEW, **extra})
-    return before, old_pids, rc, out
+    old_pids = set(compute_apps(host))
+    since = host.check_output("date +%s")
+    rc, out = run_playbook("playbooks/deploy_server.yml", NEW)
+    return before, old_pids, rc, out, since
 
 
-def test_leak_is_detected_after_the_stop_naming_the_pids(bad_deploy):
-    _before, old_pids, rc, out = bad_deploy
+def test_leak_after_the_stop_is_named_and_nothing_starts_into_it(host, held_deploy):
+    before, old_pids, rc, out, since = held_deploy
     assert rc != 0
-    assert "GPU memory not released" in out and "process gone: leaked allocation" in out
-    named = set(re.findall(r"pid (\d+) \(sglang::scheduler_TP", out))
-    assert named and named <= old_pids
-    assert "ROLLED BACK: restored the last-known-good version" in out
-
-
-def test_previous_version_serves_beside_the_leak(host, bad_deploy):
-    before, _old, _rc, _out = bad_deploy
+    assert "GPU memory stays held after stopping sglang-server.service (GPUs 0,1,2,3,4,5,6,7)" in out
+    gone = r"pid (\d+) \(sglang::scheduler_TP\d, GPUs \d, \d+ MiB, process gone: leaked allocation"
+    named = set(re.findall(gone, out))
+    assert named and named == old_pids
+    assert "Nothing was started into it" in out and "sglang_server_held_memory_gpu_reset=true" in out
+    assert "SERVER STOPPED" in out and "ROLLBACK FAILED" not in out
     after = props(host)
-    assert after["ActiveState"] == "active" and after["MainPID"] != before["MainPID"]
-    assert health(host) == "200"
-    assert "Paris" in ask(host, "What is the capital of France?")
-    assert "--max-running-requests 64" in host.file(UNIT_PATH).content_string
+    assert after["ActiveState"] in ("inactive", "failed") and after["MainPID"] == "0"
+    assert after["InvocationID"] == before["InvocationID"]  # nothing was started after the stop
+    assert unit_processes(host) == []
+    journal = host.check_output(f"journalctl -u sglang-server --no-pager --since @{since}")
+    assert "Load weight begin" not in journal and "CUDA out of memory" not in journal
     r = report(HOST)
-    assert r["result"] == "rolled_back" and r["rollback"]["healthy"] is True
-    assert r["failure"]["phase"] == "stop"
+    assert r["result"] == "memory_held" and r["failure"]["phase"] == "stop"
+    assert r["rollback"]["performed"] is False
+    assert sorted(r["held_memory"]["gone_pids"]) == sorted(int(p) for p in old_pids)
+    assert manifest(host, "last-good")["stopped_cleanly"] is False  # a leaker: never a rollback target
 
 
-def test_next_deploy_is_refused_before_the_stop(host, bad_deploy):
-    before = props(host)
+def test_next_deploy_without_a_remedy_is_refused_before_anything(host, held_deploy):
     rc, out = run_playbook("playbooks/deploy_server.yml", NEW)
     assert rc != 0
     assert "are held by processes outside sglang-server.service" in out
-    assert "The running server was not stopped" in out
-    assert props(host) == before
-    assert health(host) == "200"
-    assert report(HOST)["result"] == "failed"
+    assert "sglang_server_held_memory_gpu_reset=true" in out
+    assert report(HOST)["result"] == "failed" and report(HOST)["failure"]["phase"] == "validate"
+
+
+def test_gpu_reset_frees_the_leak_and_the_new_version_serves(host, held_deploy):
+    rc, out = run_playbook("playbooks/deploy_server.yml", {**NEW, "sglang_server_held_memory_gpu_reset": True})
+    assert rc == 0, out[-3000:]
+    r = report(HOST)
+    assert r["result"] == "ok"
+    assert r["remedy"]["tried"] == ["gpu-reset 0,1,2,3,4,5,6,7"] and r["remedy"]["rc"] == 0
+    assert "was successfully reset" in r["remedy"]["output"]
+    assert props(host)["ActiveState"] == "active" and health(host) == "200"
+    assert "Paris" in ask(host, "What is the capital of France?")
+    assert "--max-running-requests 32" in host.file(UNIT_PATH).content_string
+    ours = {str(p["pid"]) for p in unit_processes(host)}
+    assert compute_apps(host) and set(compute_apps(host)) <= ours  # only the new server's schedulers
+    assert r["last_good"]["stop_record"] == "never stopped"
+    assert manifest(host, "previous-good")["stopped_cleanly"] is False
+
+
+def test_the_leaker_is_not_restored_on_demand(host, held_deploy):
+    before = props(host)
+    rc, out = run_playbook("playbooks/rollback.yml")
+    assert rc != 0
+    assert "left GPU memory held when it was stopped" in out and "never a rollback target" in out
+    assert props(host) == before and health(host) == "200"

@@ -1,0 +1,839 @@
+"""Filters of the gpu_facts role: the one derivation of communication settings, and the preflight checks.
+
+``gpu_comm_settings(facts, overrides, nnodes)``
+    The NCCL environment and SGLang communication flags for one host, derived from its
+    ``ansible_facts.gpu_facts`` (see docs/gpu-facts.md), with inventory overrides and the
+    provenance of every value.
+
+``gpu_preflight_problems(facts, settings)``
+    Semantic checks before anything changes on a host: driver floor for the CUDA version,
+    compute capability, tp x pp against the GPUs, busy GPUs, disk space, backends.
+
+Both are pure functions of plain data (no Ansible import needed), so the unit tests call them
+directly on real captures.
+"""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+DOCUMENTATION = r"""
+name: gpu_comm_settings
+short_description: Derive NCCL environment and SGLang communication flags from gpu_facts
+description:
+  - Input is C(ansible_facts.gpu_facts); output is a dict with C(nccl_env), C(sglang_flags),
+    C(sources), C(removed), C(profile), C(reasons), C(warnings), C(errors), C(inputs).
+  - See docs/gpu-facts.md for the derivation table.
+positional: overrides, nnodes
+options:
+  _input:
+    description: The host's gpu_facts.
+    type: dict
+    required: true
+  overrides:
+    description: 'C({"nccl_env": {...}, "sglang_flags": {...}}); a null value removes a derived value.'
+    type: dict
+    default: {}
+  nnodes:
+    description: Number of nodes the server spans.
+    type: int
+    default: 1
+"""
+
+EXAMPLES = r"""
+gpu_facts_comm: "{{ ansible_facts.gpu_facts | gpu_comm_settings({'nccl_env': {'NCCL_MIN_NCHANNELS': 16}}, 1) }}"
+problems: "{{ ansible_facts.gpu_facts | gpu_preflight_problems(preflight_settings) }}"
+"""
+
+RETURN = r"""
+_value:
+  description: For gpu_comm_settings the derived settings; for gpu_preflight_problems C({errors, warnings, summary}).
+  type: dict
+"""
+
+# The seed machine's proven NCCL set (8x RTX PRO 6000 in a KVM guest, P2P "NS"): see docs/gpu-facts.md.
+SEED_NO_P2P_ENV = {
+    "NCCL_P2P_LEVEL": "PHB",
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_MIN_NCHANNELS": "8",
+    "NCCL_ALLOC_P2P_NET_LL_BUFFERS": "1",
+}
+NO_P2P_FLAGS = {"disable-custom-all-reduce": True}
+# Links through which setting NCCL_P2P_LEVEL to the worst link is the right call when P2P is OK.
+P2P_LEVEL_LINKS = ("PIX", "PXB", "PHB", "NODE")
+_LINK_ORDER = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
+_FALSY = ("", "0", "false", "no", "off")
+
+
+class GpuFactsFilterError(ValueError):
+    """Input the filters cannot work with (not gpu_facts, wrong types)."""
+
+
+def _link_rank(link):
+    text = str(link or "").strip().upper()
+    if re.fullmatch(r"NV\d+", text):
+        return 0
+    text = "SYS" if text == "SOC" else text
+    return _LINK_ORDER.index(text) if text in _LINK_ORDER else len(_LINK_ORDER)
+
+
+def _env_value(value):
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _truthy_env(value):
+    return value is not None and str(value).strip().lower() not in _FALSY
+
+
+def _require_facts(facts):
+    if not isinstance(facts, dict) or "gpu_count" not in facts:
+        raise GpuFactsFilterError(
+            "expected ansible_facts.gpu_facts (a dict with gpu_count); run the gpu_facts module first"
+        )
+
+
+def gpu_comm_settings(facts, overrides=None, nnodes=1):
+    """Derive the communication settings of one host from its gpu_facts.
+
+    Returns ``{"nccl_env", "sglang_flags", "sources", "removed", "profile", "reasons", "warnings",
+    "errors", "inputs"}`` (docs/gpu-facts.md).
+    """
+    _require_facts(facts)
+    overrides = {} if overrides is None else overrides
+    if not isinstance(overrides, dict):
+        raise GpuFactsFilterError(
+            f"overrides must be a dict with nccl_env/sglang_flags, got {type(overrides).__name__}"
+        )
+    unknown = set(overrides) - {"nccl_env", "sglang_flags"}
+    if unknown:
+        raise GpuFactsFilterError(f"unknown override sections {sorted(unknown)}: use nccl_env and sglang_flags")
+    try:
+        nnodes = int(nnodes)
+    except (TypeError, ValueError) as exc:
+        raise GpuFactsFilterError(f"nnodes must be an integer, got {nnodes!r}") from exc
+    if nnodes < 1:
+        raise GpuFactsFilterError(f"nnodes must be >= 1, got {nnodes}")
+
+    gpu_count = int(facts.get("gpu_count") or 0)
+    topo = facts.get("topology") or {}
+    p2p = facts.get("p2p") or {}
+    virt = facts.get("virtualization") or {}
+    env, flags, reasons, warnings, errors = {}, {}, [], [], []
+    where = (
+        "a KVM/QEMU guest"
+        if virt.get("vm") in ("kvm", "qemu")
+        else (f"a {virt.get('vm')} guest" if virt.get("is_vm") else "bare metal or an undetected hypervisor")
+    )
+    statuses = p2p.get("statuses") or []
+    link_types = topo.get("link_types") or []
+
+    if not facts.get("driver_loaded", True):
+        errors.append("no working NVIDIA driver (gpu_facts.driver_loaded=false): nothing to derive")
+        profile = "no-driver"
+    elif gpu_count <= 1:
+        profile = "single-gpu"
+        reasons.append(f"{gpu_count} GPU: no intra-node collective traffic, NCCL left at its defaults")
+    elif p2p.get("all_ok") and topo.get("nvlink_all"):
+        profile = "nvlink-p2p"
+        reasons.append(
+            f"every GPU pair is joined by NVLink ({', '.join(link_types)}) and P2P is OK: NCCL's own choice "
+            "(P2P over NVLink) is the fast path, so no NCCL variable is set; turning P2P off measured 10x "
+            "slower on a 2x H200 VM"
+        )
+    elif p2p.get("all_ok"):
+        worst = topo.get("worst_link")
+        if worst in P2P_LEVEL_LINKS:
+            profile = "pcie-p2p"
+            env["NCCL_P2P_LEVEL"] = worst
+            reasons.append(
+                f"NCCL_P2P_LEVEL={worst}: P2P is OK between every pair and the farthest pair is {worst}; NCCL's "
+                f"default level can stop short of {worst} (e.g. PXB on Intel hosts), so P2P is allowed up to it"
+            )
+        else:
+            profile = "pcie-p2p-sys"
+            reasons.append(
+                f"P2P is OK but the farthest pair crosses {worst} (between NUMA nodes): NCCL's default is kept; "
+                "cross-socket P2P is often slower than SHM, measure with measure_nccl=true before overriding"
+            )
+            warnings.append(
+                f"GPU pairs connected through {worst}: run the NCCL measurement (-e measure_nccl=true) and set "
+                "gpu_facts_nccl_env_overrides if P2P off or a lower NCCL_P2P_LEVEL is faster"
+            )
+    else:
+        profile = "no-p2p"
+        bad = ", ".join(p2p.get("not_ok_pairs", [])[:4]) + (" ..." if len(p2p.get("not_ok_pairs", [])) > 4 else "")
+        env.update(SEED_NO_P2P_ENV)
+        reasons.append(
+            f"P2P is not available ({'/'.join(statuses) or 'no P2P table'}; {bad}) on {where}: every GPU-to-GPU "
+            "transfer goes through host memory (NCCL's SHM transport), so the seed's proven set is used"
+        )
+        reasons.append(
+            "NCCL_P2P_LEVEL=PHB: from the seed's working launch; with P2P reported unsupported NCCL keeps P2P off "
+            "anyway, and if a driver later grants P2P it is used only up to PHB (the host bridge)"
+        )
+        if nnodes == 1:
+            reasons.append(
+                "NCCL_IB_DISABLE=1: one node, so no InfiniBand/RoCE is needed; keeps NCCL from routing "
+                "intra-node traffic through a passed-through NIC when P2P is off"
+            )
+        else:
+            del env["NCCL_IB_DISABLE"]
+            reasons.append(f"NCCL_IB_DISABLE not set: {nnodes} nodes need the network between them")
+        reasons.append(
+            "NCCL_MIN_NCHANNELS=8: with SHM over PCIe more channels give more bus bandwidth (about 70% more "
+            "with 8 than with 2 in community measurements); from the seed's working launch"
+        )
+        reasons.append(
+            "NCCL_ALLOC_P2P_NET_LL_BUFFERS=1: kept from the seed's proven launch so the derived set equals it; "
+            "it only affects P2P network connections (multi-node), so on one node it is expected to be a no-op. "
+            "Remove it with gpu_facts_nccl_env_overrides: {NCCL_ALLOC_P2P_NET_LL_BUFFERS: null}"
+        )
+        flags.update(NO_P2P_FLAGS)
+        reasons.append(
+            "--disable-custom-all-reduce: SGLang's custom all-reduce needs GPU peer access (CUDA IPC); "
+            "without P2P it must not be tried, NCCL does the all-reduce"
+        )
+        reasons.append("NCCL_SHM_DISABLE is never set here: SHM is the only intra-node path when P2P is off")
+        if p2p.get("any_ok"):
+            warnings.append(
+                "P2P is OK for some GPU pairs but not all: the whole host is treated as no-P2P; check the "
+                "PCIe/IOMMU (ACS) setup of the VM"
+            )
+        if p2p.get("missing_gpus"):
+            warnings.append(f"GPUs missing from `nvidia-smi topo -p2p r`: {', '.join(p2p['missing_gpus'])}")
+
+    if facts.get("mig_enabled"):
+        warnings.append("MIG is enabled on some GPU: NCCL and tensor parallelism over MIG instances are not supported")
+    if facts.get("mixed_models"):
+        warnings.append(f"mixed GPU models on one host ({', '.join(facts.get('models', []))}): TP runs at the slowest")
+    if p2p.get("nvml_agrees") is False:
+        warnings.append("NVML and nvidia-smi disagree on P2P: " + "; ".join(p2p.get("nvml_disagreements", [])[:4]))
+
+    sources = dict.fromkeys(env, "facts")
+    sources.update(dict.fromkeys(flags, "facts"))
+    removed = []
+    for section, target in (("nccl_env", env), ("sglang_flags", flags)):
+        values = overrides.get(section)
+        values = {} if values is None else values
+        if not isinstance(values, dict):
+            raise GpuFactsFilterError(f"overrides.{section} must be a dict, got {type(values).__name__}")
+        for key, value in values.items():
+            key = str(key)
+            sources[key] = "inventory"
+            if value is None:
+                if key in target:
+                    del target[key]
+                removed.append(key)
+                reasons.append(f"{key}: removed by inventory (null)")
+            else:
+                target[key] = _env_value(value) if section == "nccl_env" else value
+                reasons.append(f"{key}={target[key]}: set by inventory")
+
+    var = "gpu_facts_nccl_env_overrides"
+    if _truthy_env(env.get("NCCL_SHM_DISABLE")):
+        if profile == "no-p2p":
+            errors.append(
+                f"{var}.NCCL_SHM_DISABLE={env['NCCL_SHM_DISABLE']} on a host without P2P "
+                f"(gpu_facts.p2p.statuses={statuses}): SHM is then the only intra-node path and NCCL falls "
+                "back to sockets (about 100x slower on a 2x H200 VM). Fix: remove NCCL_SHM_DISABLE from "
+                f"{var}"
+            )
+        else:
+            warnings.append(
+                f"{var}.NCCL_SHM_DISABLE={env['NCCL_SHM_DISABLE']}: disables NCCL's host shared-memory "
+                "transport; only safe while P2P works for every pair"
+            )
+    if _truthy_env(env.get("NCCL_P2P_DISABLE")) and profile in ("nvlink-p2p", "pcie-p2p"):
+        warnings.append(
+            f"{var}.NCCL_P2P_DISABLE={env['NCCL_P2P_DISABLE']} on a host where P2P works "
+            f"({', '.join(link_types)}): all-reduce measured 10x slower this way on a 2x H200 VM"
+        )
+    if profile == "no-p2p" and "disable-custom-all-reduce" in removed:
+        warnings.append(
+            "gpu_facts_sglang_flags_overrides removes disable-custom-all-reduce on a host without P2P: "
+            "SGLang's custom all-reduce needs peer access"
+        )
+
+    return {
+        "nccl_env": env,
+        "sglang_flags": flags,
+        "sources": sources,
+        "removed": removed,
+        "profile": profile,
+        "reasons": reasons,
+        "warnings": warnings,
+        "errors": errors,
+        "inputs": {
+            "gpu_count": gpu_count,
+            "nnodes": nnodes,
+            "link_types": link_types,
+            "worst_link": topo.get("worst_link"),
+            "nvlink_all": topo.get("nvlink_all"),
+            "p2p_statuses": statuses,
+            "p2p_all_ok": p2p.get("all_ok"),
+            "virtualization": virt.get("vm"),
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Preflight
+
+# The tables (driver floor per CUDA version, first/last CUDA version per architecture) are data, not
+# code: roles/cuda_toolkit/vars/driver_floors.yml (cuda_toolkit_driver_floors, shared with the role that
+# installs the toolkit) and this role's defaults (gpu_facts_arch_min_cuda, gpu_facts_arch_max_cuda).
+
+_BACKEND_KEYS = ("nsa-decode-backend", "nsa-prefill-backend", "dsa-decode-backend", "dsa-prefill-backend")
+
+
+def _vt(text):
+    return tuple(int(p) for p in re.findall(r"\d+", str(text or "")))
+
+
+def _norm_args(args):
+    out = {}
+    for key, value in (args or {}).items():
+        out[str(key).lstrip("-").replace("_", "-")] = value
+    return out
+
+
+def _int_arg(args, names, default, problems, host, what):
+    for name in names:
+        if name in args and args[name] is not None:
+            try:
+                value = int(args[name])
+            except (TypeError, ValueError):
+                problems.append(
+                    _problem(
+                        host,
+                        "sglang_args",
+                        f"{what} is not an integer",
+                        f"sglang_server_args.{name}={args[name]!r}",
+                        f"sglang_server_args.{name}",
+                        f"set sglang_server_args.{name} to a positive integer",
+                    )
+                )
+                return None, name
+            if value < 1:
+                problems.append(
+                    _problem(
+                        host,
+                        "sglang_args",
+                        f"{what} must be at least 1",
+                        f"sglang_server_args.{name}={value}",
+                        f"sglang_server_args.{name}",
+                        f"set sglang_server_args.{name} to a positive integer",
+                    )
+                )
+                return None, name
+            return value, name
+    return default, names[0]
+
+
+# Said when a holder runs inside a systemd service: it may be that service's own process (stopping the
+# service is then the fix) or a stray child of an unrelated one (an ssh login on a host without logind
+# sessions), so no service is named for stopping.
+RESTARTED_BY_UNIT = (
+    "; a holder that comes back after the kill is restarted by its service (unit above): stop that service "
+    "if it is the holder's own"
+)
+
+
+def gpu_holders(processes):
+    """Merge ``gpu_facts.processes`` rows (one per process and GPU) into one entry per PID, GPUs sorted."""
+    by_pid = {}
+    for p in processes:
+        entry = by_pid.setdefault(
+            p.get("pid"),
+            {
+                "pid": p.get("pid"),
+                "name": p.get("name"),
+                "user": p.get("user"),
+                "uid": p.get("uid"),
+                "cmdline": p.get("cmdline") or "",
+                "unit": p.get("unit"),
+                # rows gathered before this field existed (fact cache) count as alive
+                "alive": p.get("alive", True),
+                "gpus": [],
+                "mib": 0,
+            },
+        )
+        if p.get("gpu_index") is not None and p.get("gpu_index") not in entry["gpus"]:
+            entry["gpus"].append(p.get("gpu_index"))
+        entry["mib"] += int(p.get("used_memory_mib") or 0)
+    holders = list(by_pid.values())
+    for h in holders:
+        h["gpus"].sort()
+    return sorted(holders, key=lambda h: (h["pid"] is None, h["pid"] or 0))
+
+
+def describe_holder(h):
+    """``pid 4242 python3, user intruder, command '...', on GPU0,GPU1 using 40000 MiB (unit x.service)``."""
+    gpus = ",".join(f"GPU{g}" for g in h["gpus"]) or "an unknown GPU"
+    if not h["alive"]:
+        return (
+            f"pid {h['pid']} {h['name'] or '?'} on {gpus} using {h['mib']} MiB (process gone: memory not "
+            "released yet, or leaked)"
+        )
+    user = h["user"] if h["user"] is not None else "unknown"
+    command = f", command `{h['cmdline']}`" if h["cmdline"] else ""
+    where = f"on {gpus} using {h['mib']} MiB (unit {h['unit'] or 'none'})"
+    return f"pid {h['pid']} {h['name'] or '?'}, user {user}{command}, {where}"
+
+
+def holders_remedy(holders):
+    """What to do about each holder, in words: who to ask, what to stop, when memory of a dead process frees."""
+    steps, in_service = [], False
+    for h in holders:
+        if not h["alive"]:
+            steps.append(
+                f"pid {h['pid']} is gone: wait a second and rerun (a dying process frees its memory within about "
+                "0.3 s); memory that stays used without a process is a leak that only a GPU reset "
+                "(nvidia-smi --gpu-reset) or a reboot frees"
+            )
+            continue
+        unit = h["unit"] or ""
+        how = f"kill {h['pid']}"
+        in_service = in_service or unit.endswith(".service")
+        who = f"ask user {h['user']} to end it or, as root, " if h["user"] not in (None, "root") else "as root, "
+        steps.append(f"pid {h['pid']}: {who}{how}")
+    return (
+        "; ".join(steps)
+        + "; then check that `nvidia-smi --query-compute-apps=pid,used_memory --format=csv` no longer lists it"
+        " and deploy again" + (RESTARTED_BY_UNIT if in_service else "")
+    )
+
+
+def _problem(host, check, message, fact, variable, fix):
+    return {
+        "host": host,
+        "check": check,
+        "message": message,
+        "fact": fact,
+        "variable": variable,
+        "fix": fix,
+        "text": f"{host}: {message} [fact: {fact}; variable: {variable}; fix: {fix}]",
+    }
+
+
+def _check_driver(c):
+    """The driver loads and is new enough for the CUDA to be installed (False: stop, nothing else can be read)."""
+    host, facts, errors, summary, cuda, floors, driver = (
+        c.host,
+        c.facts,
+        c.errors,
+        c.summary,
+        c.cuda,
+        c.floors,
+        c.driver,
+    )
+    if not facts.get("driver_loaded", True):
+        errors.append(
+            _problem(
+                host,
+                "driver",
+                f"no working NVIDIA driver: {facts.get('error', 'nvidia-smi failed')}",
+                "gpu_facts.driver_loaded=false",
+                "(none: the host needs a driver)",
+                "install and load the NVIDIA driver (a reboot after installing), then rerun the preflight",
+            )
+        )
+        return False
+    floor = floors.get(cuda)
+    if floor is None:
+        errors.append(
+            _problem(
+                host,
+                "driver",
+                f"no known driver floor for CUDA {cuda}",
+                f"gpu_facts.driver_version={driver}",
+                "cuda_toolkit_version",
+                f"use one of {', '.join(sorted(floors, key=_vt))} or add it to cuda_toolkit_driver_floors "
+                "(roles/cuda_toolkit/vars/driver_floors.yml)",
+            )
+        )
+    elif _vt(driver) < _vt(floor):
+        errors.append(
+            _problem(
+                host,
+                "driver",
+                f"driver {driver} is too old for CUDA {cuda} (needs >= {floor})",
+                f"gpu_facts.driver_version={driver}",
+                f"cuda_toolkit_version={cuda}",
+                f"upgrade the NVIDIA driver on {host} to >= {floor}, or pin an older CUDA in cuda_toolkit_version",
+            )
+        )
+    summary["driver_floor"] = floor
+    return True
+
+
+def _check_arch(c):
+    """Every GPU architecture is supported by the CUDA to be installed."""
+    host, errors, warnings, archs, cuda, arch_min, arch_max = (
+        c.host,
+        c.errors,
+        c.warnings,
+        c.archs,
+        c.cuda,
+        c.arch_min,
+        c.arch_max,
+    )
+    for arch in archs:
+        lo, hi = arch_min.get(arch), arch_max.get(arch)
+        if lo is None:
+            warnings.append(
+                _problem(
+                    host,
+                    "arch",
+                    f"architecture {arch} is not in the support table",
+                    f"gpu_facts.archs={archs}",
+                    "gpu_facts_arch_min_cuda",
+                    f"add {arch} with its first CUDA version to gpu_facts_arch_min_cuda",
+                )
+            )
+        elif _vt(cuda) < _vt(lo):
+            errors.append(
+                _problem(
+                    host,
+                    "arch",
+                    f"{arch} needs CUDA >= {lo}, but CUDA {cuda} is to be installed",
+                    f"gpu_facts.archs={archs}",
+                    f"cuda_toolkit_version={cuda}",
+                    f"set cuda_toolkit_version to {lo} or newer (and a driver that supports it)",
+                )
+            )
+        if hi is not None and _vt(cuda) > _vt(hi):
+            errors.append(
+                _problem(
+                    host,
+                    "arch",
+                    f"CUDA {cuda} no longer supports {arch} (last: {hi})",
+                    f"gpu_facts.archs={archs}",
+                    f"cuda_toolkit_version={cuda}",
+                    f"set cuda_toolkit_version to {hi} or older",
+                )
+            )
+
+
+def _check_parallelism(c):
+    """tp x pp (x dp) fits the GPUs of the nodes the server spans."""
+    host, s, errors, warnings, summary, gpu_count, args = (
+        c.host,
+        c.s,
+        c.errors,
+        c.warnings,
+        c.summary,
+        c.gpu_count,
+        c.args,
+    )
+    nnodes_raw = s.get("nnodes", 1)
+    try:
+        nnodes = int(nnodes_raw)
+        if nnodes < 1:
+            raise ValueError
+    except (TypeError, ValueError):
+        errors.append(
+            _problem(
+                host,
+                "parallelism",
+                f"nnodes must be a positive integer, got {nnodes_raw!r}",
+                f"gpu_facts.gpu_count={gpu_count}",
+                "sglang_server_nnodes",
+                "set sglang_server_nnodes to the number of hosts the server spans (1 for one host)",
+            )
+        )
+        nnodes = None
+    tp, tp_key = _int_arg(args, ("tp", "tp-size", "tensor-parallel-size"), 1, errors, host, "tensor parallel size")
+    pp, pp_key = _int_arg(args, ("pp", "pp-size", "pipeline-parallel-size"), 1, errors, host, "pipeline parallel size")
+    dp, _dp_key = _int_arg(args, ("dp", "dp-size", "data-parallel-size"), 1, errors, host, "data parallel size")
+    if None not in (tp, pp, dp, nnodes):
+        dp_attention = bool(args.get("enable-dp-attention"))
+        world = tp * pp * (1 if dp_attention else dp)
+        needs = f"tp x pp{'' if dp_attention or dp == 1 else ' x dp'} = {world}"
+        variable = f"sglang_server_args.{tp_key}={tp}, sglang_server_args.{pp_key}={pp}, sglang_server_nnodes={nnodes}"
+        summary.update({"tp": tp, "pp": pp, "dp": dp, "nnodes": nnodes, "gpus_needed_total": world})
+        if world % nnodes:
+            errors.append(
+                _problem(
+                    host,
+                    "parallelism",
+                    f"{needs} is not divisible by nnodes={nnodes}",
+                    f"gpu_facts.gpu_count={gpu_count}",
+                    variable,
+                    f"choose tp x pp as a multiple of {nnodes} (e.g. tp={nnodes * gpu_count} for {nnodes} "
+                    f"hosts of {gpu_count} GPUs), or change sglang_server_nnodes",
+                )
+            )
+        else:
+            per_node = world // nnodes
+            summary["gpus_needed_per_node"] = per_node
+            if per_node > gpu_count:
+                errors.append(
+                    _problem(
+                        host,
+                        "parallelism",
+                        f"{needs} over {nnodes} node(s) needs {per_node} GPUs per node but {host} has {gpu_count}",
+                        f"gpu_facts.gpu_count={gpu_count}",
+                        variable,
+                        f"lower {tp_key}/{pp_key} to at most {gpu_count * nnodes} GPUs in total, or span more "
+                        f"nodes (sglang_server_nnodes={-(-world // gpu_count) if gpu_count else '?'})",
+                    )
+                )
+            elif per_node < gpu_count:
+                warnings.append(
+                    _problem(
+                        host,
+                        "parallelism",
+                        f"{needs} uses {per_node} of {gpu_count} GPUs per node: {gpu_count - per_node} would sit idle",
+                        f"gpu_facts.gpu_count={gpu_count}",
+                        variable,
+                        f"set {tp_key} x {pp_key} to {gpu_count * nnodes}, or accept the idle GPUs",
+                    )
+                )
+
+
+def _check_gpus_idle(c):
+    """The GPUs are idle or held only by our own service units."""
+    host, facts, s, errors, summary = (c.host, c.facts, c.s, c.errors, c.summary)
+    own = set(s.get("own_units") or [])
+    idle_mib = int(s.get("idle_memory_mib", 512))
+    processes = facts.get("processes") or []
+    foreign = [p for p in processes if p.get("unit") not in own or not own]
+    ours = [p for p in processes if own and p.get("unit") in own]
+    summary["own_processes"] = [f"{p.get('pid')} {p.get('name')} ({p.get('unit')})" for p in ours]
+    if foreign:
+        holders = gpu_holders(foreign)
+        listed = "; ".join(describe_holder(h) for h in holders[:8])
+        if len(holders) > 8:
+            listed += f"; and {len(holders) - 8} more"
+        errors.append(
+            _problem(
+                host,
+                "gpus_busy",
+                f"GPUs are held by processes that are not the SGLang service: {listed}. Nothing was changed or "
+                "stopped on this host",
+                f"gpu_facts.processes ({len(holders)} foreign process(es))",
+                f"gpu_facts_own_service_units={sorted(own)}",
+                holders_remedy(holders) + "; if a holder is ours, add its systemd unit to gpu_facts_own_service_units",
+            )
+        )
+    with_process = {p.get("gpu_index") for p in processes}
+    for gpu in facts.get("gpus") or []:
+        used = gpu.get("memory_used_mib") or 0
+        if used > idle_mib and gpu.get("index") not in with_process:
+            errors.append(
+                _problem(
+                    host,
+                    "gpus_busy",
+                    f"GPU{gpu.get('index')} has {used} MiB in use but no compute process is listed "
+                    "(leaked memory, or a process outside this VM's view)",
+                    f"gpu_facts.gpus[{gpu.get('index')}].memory_used_mib={used}",
+                    f"gpu_facts_idle_memory_mib={idle_mib}",
+                    "find and stop the holder; if none exists, reset the GPU or reboot the VM",
+                )
+            )
+
+
+def _check_disk(c):
+    """Every path of disk_requirements has the free space it needs."""
+    host, facts, s, errors, warnings = (c.host, c.facts, c.s, c.errors, c.warnings)
+    disk = {d.get("path"): d for d in facts.get("disk") or []}
+    for req in s.get("disk_requirements") or []:
+        path, need = req.get("path"), float(req.get("min_free_gib", 0))
+        entry = disk.get(path)
+        if entry is None or entry.get("free_mib") is None:
+            warnings.append(
+                _problem(
+                    host,
+                    "disk",
+                    f"free space of {path} was not measured",
+                    "gpu_facts.disk",
+                    "gpu_facts_disk_requirements",
+                    "rerun the gpu_facts role (it measures every path in gpu_facts_disk_requirements)",
+                )
+            )
+            continue
+        free_gib = entry["free_mib"] / 1024
+        if free_gib < need:
+            errors.append(
+                _problem(
+                    host,
+                    "disk",
+                    f"{path} ({req.get('purpose', 'data')}) needs {need:g} GiB free, "
+                    f"{entry.get('checked_path')} has {free_gib:.1f} GiB",
+                    f"gpu_facts.disk[{path}].free_mib={entry['free_mib']}",
+                    "gpu_facts_disk_requirements",
+                    f"free or add {need - free_gib:.1f} GiB on {entry.get('checked_path')}, or point it elsewhere",
+                )
+            )
+
+
+def _check_backends(c):
+    """Attention backends, quantization and fusion options suit the architecture."""
+    host, warnings, archs, args = (c.host, c.warnings, c.archs, c.args)
+    arch_set = set(archs)
+    for key in _BACKEND_KEYS:
+        value = str(args.get(key) or "")
+        if not value:
+            continue
+        if value == "trtllm" and "sm_120" in arch_set:
+            warnings.append(
+                _problem(
+                    host,
+                    "backends",
+                    f"--{key}=trtllm on sm_120 needs SGLang/FlashInfer builds with SM120 kernels "
+                    "(sglang-kernel and flashinfer-cubin for 12.0); it was the only coherent NSA backend on "
+                    "the seed machine",
+                    f"gpu_facts.archs={archs}",
+                    f"sglang_server_args.{key}",
+                    "keep the pinned SM120-capable versions; check output with a real generation after start",
+                )
+            )
+        elif value == "trtllm" and not arch_set & {"sm_100", "sm_103", "sm_120", "sm_121"}:
+            warnings.append(
+                _problem(
+                    host,
+                    "backends",
+                    f"--{key}=trtllm uses TensorRT-LLM kernels built for Blackwell; {archs} may lack them",
+                    f"gpu_facts.archs={archs}",
+                    f"sglang_server_args.{key}",
+                    "use the architecture's default NSA backend (drop the option) unless tested",
+                )
+            )
+        elif value.startswith("flashmla") and "sm_120" in arch_set:
+            warnings.append(
+                _problem(
+                    host,
+                    "backends",
+                    f"--{key}={value} gave NaN output on sm_120 (seed machine); only trtllm was coherent",
+                    f"gpu_facts.archs={archs}",
+                    f"sglang_server_args.{key}",
+                    f"set sglang_server_args.{key}: trtllm",
+                )
+            )
+    quant = str(args.get("quantization") or "")
+    if "fp4" in quant and not arch_set & {"sm_100", "sm_103", "sm_120", "sm_121"}:
+        warnings.append(
+            _problem(
+                host,
+                "backends",
+                f"--quantization={quant} (NVFP4) needs Blackwell FP4 tensor cores; {archs} has none",
+                f"gpu_facts.archs={archs}",
+                "sglang_server_args.quantization",
+                "serve an FP8/BF16 checkpoint on this architecture",
+            )
+        )
+    if args.get("enable-flashinfer-allreduce-fusion") and not arch_set <= {"sm_90", "sm_100", "sm_103"}:
+        warnings.append(
+            _problem(
+                host,
+                "backends",
+                "--enable-flashinfer-allreduce-fusion: its help says it needs SM90 or SM10X",
+                f"gpu_facts.archs={archs}",
+                "sglang_server_args.enable-flashinfer-allreduce-fusion",
+                "verify throughput and output with and without it on this architecture",
+            )
+        )
+    if str(args.get("kv-cache-dtype") or "").startswith("fp8") and "sm_120" in arch_set:
+        warnings.append(
+            _problem(
+                host,
+                "backends",
+                f"--kv-cache-dtype={args['kv-cache-dtype']} was reported broken for GLM-5 on sm_120",
+                f"gpu_facts.archs={archs}",
+                "sglang_server_args.kv-cache-dtype",
+                "use kv-cache-dtype auto unless tested with a real generation",
+            )
+        )
+
+
+def _check_comm(c):
+    """The derived communication settings' errors and warnings, as problems."""
+    host, facts, s, errors, warnings = (c.host, c.facts, c.s, c.errors, c.warnings)
+    comm = s.get("comm") or {}
+    for text in comm.get("errors") or []:
+        errors.append(
+            _problem(
+                host,
+                "nccl_env",
+                text,
+                f"gpu_facts.p2p.statuses={(facts.get('p2p') or {}).get('statuses')}",
+                "gpu_facts_nccl_env_overrides",
+                "remove the override",
+            )
+        )
+    for text in comm.get("warnings") or []:
+        warnings.append(
+            _problem(
+                host,
+                "nccl_env",
+                text,
+                f"gpu_facts_comm.profile={comm.get('profile')}",
+                "gpu_facts_nccl_env_overrides / gpu_facts_sglang_flags_overrides",
+                "review; see docs/gpu-facts.md",
+            )
+        )
+
+
+# The checks after the driver's, in the order their problems are listed.
+PREFLIGHT_CHECKS = (_check_arch, _check_parallelism, _check_gpus_idle, _check_disk, _check_backends, _check_comm)
+
+
+def gpu_preflight_problems(facts, settings):
+    """Return ``{"errors": [problem], "warnings": [problem], "summary": {...}}`` for one host.
+
+    ``settings`` keys: host, cuda_version, cuda_driver_floors, arch_min_cuda, arch_max_cuda,
+    server_args (SGLang option -> value), nnodes, own_units, idle_memory_mib,
+    disk_requirements ([{path, min_free_gib, purpose}]), comm (gpu_comm_settings output).
+    Every problem names the host, the fact, the variable and the fix (``text`` joins them).
+    """
+    _require_facts(facts)
+    s = settings or {}
+    host = s.get("host", "this host")
+    errors, warnings = [], []
+    gpu_count = int(facts.get("gpu_count") or 0)
+    archs = facts.get("archs") or []
+    cuda = str(s.get("cuda_version", "12.8"))
+    missing = [k for k in ("cuda_driver_floors", "arch_min_cuda", "arch_max_cuda") if k not in s]
+    if missing:
+        raise ValueError(f"gpu_preflight_problems needs the settings {', '.join(missing)}")
+    floors = s["cuda_driver_floors"]
+    arch_min = s["arch_min_cuda"]
+    arch_max = s["arch_max_cuda"]
+    driver = facts.get("driver_version")
+    summary = {"host": host, "cuda_version": cuda, "driver_version": driver, "gpu_count": gpu_count}
+    c = SimpleNamespace(
+        host=host, facts=facts, s=s, errors=errors, warnings=warnings, summary=summary, gpu_count=gpu_count,
+        archs=archs, cuda=cuda, floors=floors, arch_min=arch_min, arch_max=arch_max, driver=driver,
+        args=_norm_args(s.get("server_args")),
+    )  # fmt: skip
+    if _check_driver(c):
+        for check in PREFLIGHT_CHECKS:
+            check(c)
+    return {"errors": errors, "warnings": warnings, "summary": summary}
+
+
+class FilterModule:
+    """gpu_facts filters."""
+
+    def filters(self):
+        return {"gpu_comm_settings": _wrap(gpu_comm_settings), "gpu_preflight_problems": _wrap(gpu_preflight_problems)}
+
+
+def _wrap(func):
+    def inner(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except GpuFactsFilterError as exc:
+            try:
+                from ansible.errors import AnsibleFilterError  # noqa: PLC0415
+            except ImportError:  # pragma: no cover
+                raise
+            raise AnsibleFilterError(f"{func.__name__}: {exc}") from exc
+
+    inner.__name__ = func.__name__
+    inner.__doc__ = func.__doc__
+    return inner

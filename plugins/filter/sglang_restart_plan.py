@@ -1,0 +1,102 @@
+"""Filter sglang_restart_plan: which hosts restart, in which order and batches (playbooks/deploy_server.yml).
+
+Hosts that need no restart are done in the parallel plan play and never wait in line; the others restart
+in batches of at most ``serial`` hosts, each multi-node server (its nodes restart together) whole in one
+batch. Pure Python, unit-tested in tests/unit/sglang_server/test_restart_plan.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+DOCUMENTATION = r"""
+name: sglang_restart_plan
+short_description: Order and batch sizes of the hosts that must restart
+description:
+  - C(_input) is a list, in play order, of C({name, restart, nodes}) (C(restart) true when the host has restart
+    reasons, C(nodes) the hosts of its server, one for a single-node server).
+  - Returns C({order, batches, units}); C(batches) is the list of batch sizes for the play's C(serial) (a
+    multi-node server is never split, even when it is larger than C(serial)).
+positional: _input, serial
+options:
+  _input:
+    description: The hosts of the plan play.
+    type: list
+    required: true
+  serial:
+    description: At most this many hosts restart at once; an integer or a percentage of the restarting hosts ("25%").
+    type: raw
+    default: 1
+"""
+
+
+class RestartPlanError(ValueError):
+    pass
+
+
+def _batch_limit(serial, total: int) -> int:
+    text = str(serial).strip()
+    try:
+        if text.endswith("%"):
+            return max(1, math.floor(total * float(text[:-1]) / 100))
+        limit = int(text)
+    except ValueError as exc:
+        raise RestartPlanError(
+            f"sglang_server_serial must be a positive integer or a percentage, got {serial!r}"
+        ) from exc
+    if limit < 1:
+        raise RestartPlanError(f"sglang_server_serial must be a positive integer or a percentage, got {serial!r}")
+    return limit
+
+
+def sglang_restart_plan(hosts, serial=1):
+    restarting = {h["name"] for h in hosts if h.get("restart")}
+    units: list[list[str]] = []
+    seen: set[str] = set()
+    for h in hosts:
+        name = h["name"]
+        if name not in restarting or name in seen:
+            continue
+        nodes = list(h.get("nodes") or [name])
+        if len(nodes) > 1:
+            missing = [n for n in nodes if n not in restarting]
+            if missing:
+                raise RestartPlanError(
+                    f"multi-node server {', '.join(nodes)}: {', '.join(missing)} would not restart with {name}"
+                )
+            unit = nodes
+        else:
+            unit = [name]
+        seen.update(unit)
+        units.append(unit)
+    limit = _batch_limit(serial, max(1, len(restarting)))
+    batches: list[int] = []
+    current = 0
+    for unit in units:
+        if current and current + len(unit) > limit:
+            batches.append(current)
+            current = 0
+        current += len(unit)
+    if current:
+        batches.append(current)
+    return {"order": [n for unit in units for n in unit], "batches": batches, "units": units}
+
+
+def sglang_restart_hosts(names, hostvars):
+    """The input of sglang_restart_plan from the plan play's hosts: restart = result `deferred`."""
+    out = []
+    for name in names:
+        hv = hostvars[name]
+        out.append(
+            {
+                "name": name,
+                "restart": str(hv.get("sglang_server_result", "")) == "deferred",
+                "nodes": list(hv.get("sglang_server_nodes") or [name]),
+            }
+        )
+    return out
+
+
+class FilterModule:
+    def filters(self):
+        return {"sglang_restart_plan": sglang_restart_plan, "sglang_restart_hosts": sglang_restart_hosts}

@@ -1,0 +1,104 @@
+#!/usr/bin/python
+"""Read-only view of a Proxmox VE cluster for the proxmox_gpu_vm role (no write, check mode safe)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: proxmox_gpu_vm_info
+short_description: Read what the proxmox_gpu_vm role checks and compares (GET requests only)
+description:
+  - Reads the cluster's VMs (/cluster/resources), each node's PCI devices (/nodes/{node}/hardware/pci), the cluster's
+    PCI resource mappings (/cluster/mapping/pci) and, for the given vmids, the configuration with pending values
+    applied, the pending changes, the status and, when asked, the guest agent's addresses.
+  - Uses the community.proxmox connection options (proxmoxer), so token or password auth as in proxmox_kvm.
+options:
+  nodes:
+    description: Nodes whose PCI list is read.
+    type: list
+    elements: str
+    default: []
+  vmids:
+    description: VMs whose configuration, pending changes and status are read (absent ones are skipped).
+    type: list
+    elements: int
+    default: []
+  agent:
+    description: Also read the guest agent's network interfaces of running VMs with the agent on.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - community.proxmox.proxmox.actiongroup_proxmox
+  - community.proxmox.proxmox.documentation
+author: gpufleet
+"""
+
+RETURN = r"""
+cluster:
+  description: vms (cluster resources), pci (node -> devices), mappings, configs/pending/status/agent_ip by vmid.
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.community.proxmox.plugins.module_utils.proxmox import (  # noqa: E402
+    ProxmoxAnsible,
+    proxmox_auth_argument_spec,
+)
+
+
+def agent_ip(ifaces: dict) -> str | None:
+    for iface in (ifaces or {}).get("result", []):
+        if iface.get("name") == "lo":
+            continue
+        for ip in iface.get("ip-addresses", []):
+            if ip.get("ip-address-type") == "ipv4" and not ip["ip-address"].startswith("127."):
+                return ip["ip-address"]
+    return None
+
+
+def main() -> None:
+    spec = proxmox_auth_argument_spec()
+    spec.update(
+        nodes=dict(type="list", elements="str", default=[]),
+        vmids=dict(type="list", elements="int", default=[]),
+        agent=dict(type="bool", default=False),
+    )
+    module = AnsibleModule(
+        argument_spec=spec,
+        supports_check_mode=True,
+        required_one_of=[("api_password", "api_token_id")],
+        required_together=[("api_token_id", "api_token_secret")],
+    )
+    px = ProxmoxAnsible(module)
+    api = px.proxmox_api
+    out = {"vms": [], "pci": {}, "mappings": [], "configs": {}, "pending": {}, "status": {}, "agent_ip": {}}
+    try:
+        out["version"] = api.version.get()["version"]
+        out["vms"] = [r for r in api.cluster.resources.get(type="vm") if r.get("type") == "qemu"]
+        online = {n["node"] for n in api.nodes.get() if n.get("status") == "online"}
+        for node in module.params["nodes"]:
+            if node in online:
+                out["pci"][node] = api.nodes(node).hardware.pci.get()
+        out["mappings"] = api.cluster.mapping.pci.get()
+        by_vmid = {int(r["vmid"]): r for r in out["vms"]}
+        for vmid in module.params["vmids"]:
+            vm = by_vmid.get(int(vmid))
+            if vm is None or vm.get("template"):
+                continue
+            q = api.nodes(vm["node"]).qemu(vmid)
+            key = str(vmid)
+            out["configs"][key] = q.config.get()
+            out["pending"][key] = q.pending.get()
+            out["status"][key] = q.status.current.get()["status"]
+            if module.params["agent"] and out["status"][key] == "running":
+                try:
+                    out["agent_ip"][key] = agent_ip(q.agent("network-get-interfaces").get())
+                except Exception:  # the agent is not up yet: no address, the caller retries
+                    out["agent_ip"][key] = None
+    except Exception as e:  # noqa: BLE001 - the API's message is the useful part
+        module.fail_json(msg=f"reading the Proxmox VE cluster failed: {e}")
+    module.exit_json(changed=False, cluster=out)
+
+
+if __name__ == "__main__":
+    main()

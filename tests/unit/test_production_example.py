@@ -1,0 +1,104 @@
+"""inventory/examples/production-fleet: parses with its documented example vault password (and not
+without it), its secrets come from the vault, the playbooks pass Ansible's syntax check against it, and the
+multi-node server's flags are derived for both nodes from inventory order."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+INV = REPO / "inventory" / "examples" / "production-fleet"
+PASSWORD = INV / "vault-password.example.txt"
+BIN = REPO / ".venv" / "bin"
+ENV = dict(
+    os.environ,
+    ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+    ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
+    ANSIBLE_CALLBACK_RESULT_FORMAT="json",
+    ANSIBLE_NOCOLOR="1",
+    ANSIBLE_CACHE_PLUGIN="memory",
+)
+
+
+def run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True, check=False, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def inventory() -> dict:
+    proc = run(str(BIN / "ansible-inventory"), "-i", str(INV), "--list", "--vault-password-file", str(PASSWORD))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_groups_classes_router_and_multinode_server(inventory):
+    assert sorted(inventory["rtx_pro_6000"]["hosts"]) == [f"rtxpro-0{i}" for i in range(1, 5)]
+    assert sorted(inventory["h200"]["hosts"]) == [f"h200-0{i}" for i in range(1, 5)]
+    assert inventory["glm5_h200_tp16"]["hosts"] == ["h200-03", "h200-04"]  # inventory order = node order
+    assert inventory["sglang_routers"]["hosts"] == ["gateway-01"]
+    assert set(inventory["sglang_servers"]["children"]) >= {"rtx_pro_6000", "h200", "glm5", "glm5_h200_tp16"}
+
+
+def test_secrets_only_in_the_encrypted_vault(inventory):
+    vault = (INV / "group_vars" / "all" / "vault.yml").read_text()
+    assert vault.startswith("$ANSIBLE_VAULT;1.1;AES256")
+    hv = inventory["_meta"]["hostvars"]["rtxpro-01"]
+    assert hv["sglang_server_api_key"] == "{{ vault_sglang_server_api_key }}"
+    assert hv["vault_sglang_server_api_key"].startswith("example-api-key-")
+    for path in INV.rglob("*.yml"):
+        if path.name != "vault.yml":
+            assert "example-api-key" not in path.read_text(), path
+    refused = run(str(BIN / "ansible-inventory"), "-i", str(INV), "--list")
+    assert refused.returncode != 0 and "vault" in refused.stderr.lower()
+
+
+def test_playbooks_pass_the_syntax_check():
+    proc = run(
+        str(BIN / "ansible-playbook"), "-i", str(INV), "--vault-password-file", str(PASSWORD),
+        "--syntax-check", "deploy.yml", "playbooks/restart.yml", "playbooks/rollback.yml",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def rendered(*hosts: str) -> dict:
+    """The merged flags, rank and nodes of each host, as Ansible renders them (one ad-hoc run)."""
+    expr = (
+        "{{ {'argv': sglang_server_args | gpufleet.fleet.sglang_argv, 'rank': sglang_server_node_rank | int,"
+        " 'nodes': sglang_server_nodes,"
+        " 'key_problem': sglang_server_api_key | gpufleet.fleet.sglang_api_key_problem} | to_json }}"
+    )
+    proc = run(
+        str(BIN / "ansible"), ",".join(hosts), "-i", str(INV), "--vault-password-file", str(PASSWORD),
+        "-m", "ansible.builtin.debug", "-a", f"msg={expr}", "-e", "@playbooks/vars/sglang_server_args.yml",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = {}
+    for chunk in re.split(r"^(?=\S+ \| SUCCESS => )", proc.stdout, flags=re.M):
+        if " | SUCCESS => " in chunk:
+            host, body = chunk.split(" | SUCCESS => ", 1)
+            msg = json.loads(body)["msg"]
+            out[host.strip()] = json.loads(msg) if isinstance(msg, str) else msg
+    return out
+
+
+def flag(argv: list[str], name: str):
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_multinode_flags_from_inventory_order_and_single_node_untouched():
+    r = rendered("h200-03", "h200-04", "rtxpro-01")
+    node0, node1, single = r["h200-03"], r["h200-04"], r["rtxpro-01"]
+    for rank, r in enumerate((node0, node1)):
+        assert r["nodes"] == ["h200-03", "h200-04"] and r["rank"] == rank
+        assert flag(r["argv"], "--nnodes") == "2"
+        assert flag(r["argv"], "--node-rank") == str(rank)
+        assert flag(r["argv"], "--dist-init-addr") == "198.51.100.23:20000"
+        assert flag(r["argv"], "--tp-size") == "16"
+    assert "--nnodes" not in single["argv"] and flag(single["argv"], "--tp-size") == "8"
+    assert single["key_problem"] == ""  # the vault's key passes the role's API-key check
