@@ -18,7 +18,7 @@ SCENARIO ?=
 MOLECULE_JOBS ?=
 LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --routers $(ROUTERS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
 
-.PHONY: router-wheelhouse real-engine help setup apt venv collections deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-prune lab-tests molecule bench-lab real-kernel
+.PHONY: router-wheelhouse real-engine help setup apt venv collections bench-client bench deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-prune lab-tests molecule bench-lab real-kernel
 
 help:
 	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
@@ -28,14 +28,16 @@ help:
 	@echo "make real-engine    the production lock (real SGLang 0.5.9) on a GPU-less lab host: must fail, roll back"
 	@echo "make real-kernel   build a real CUDA torch extension (sm_90 + sm_120) with the ml_env kernel builder (~2.7 GB cached)"
 	@echo "make bench-lab     time lab bring-up (2 and 8 hosts) and make test; saves JSON in benchmarks/results"
+	@echo "make bench         performance suite: no-op deploy (ansible.cfg vs defaults vs Mitogen), restart, env build"
 
-setup: apt venv collections
+setup: apt venv collections bench-client
 
 apt:
 	@if ! command -v systemd-nspawn >/dev/null || ! command -v mmdebstrap >/dev/null || ! command -v iptables >/dev/null \
-	    || ! command -v zstd >/dev/null; then \
+	    || ! command -v zstd >/dev/null || ! command -v chromium >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    systemd-container mmdebstrap iptables iproute2 zstd openssh-client curl >/dev/null; fi
+	    systemd-container mmdebstrap iptables iproute2 zstd openssh-client curl >/dev/null \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; fi
 
 venv:
 	@command -v uv >/dev/null || python3 -m pip install --quiet uv
@@ -43,6 +45,12 @@ venv:
 
 collections: venv
 	.venv/bin/python tools/install_collections.py
+
+# The controller's benchmark client (sglang 0.5.9's bench_serving without its CUDA kernels) and the fleet report's
+# plotting, from the hashed lock locks/bench-client (cached in .cache/bench-client). Headless Chromium (Debian,
+# from `apt`) opens the fleet report in tests.
+bench-client: venv
+	.venv/bin/python tools/bench_client.py build >/dev/null
 
 deploy: setup lab-up lab-cuda-mirror lab-testhub lab-wheelhouse router-wheelhouse
 	ansible-playbook deploy.yml
@@ -99,6 +107,13 @@ molecule:
 
 bench-lab: setup
 	.venv/bin/python benchmarks/bench_lab.py
+
+# The project's own performance suite (not in `make test`; docs/performance.md): no-op server deploy with the
+# project's ansible.cfg vs Ansible's defaults vs Mitogen, restart overhead (one lab host), and the production
+# lock's env build uv vs pip from the local wheelhouse. JSON in benchmarks/results/.
+bench: setup
+	.venv/bin/python benchmarks/suite/noop_and_restart.py
+	.venv/bin/python benchmarks/suite/env_build_production.py
 
 # The real engine on the lab (not in `make test`: a 4.8 GiB wheelhouse, about 15 minutes): the production
 # lock's ml-env from a cached controller wheelhouse on its own lab; the example inventory's flags must fail

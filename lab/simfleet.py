@@ -1,0 +1,76 @@
+"""Lab equipment: the simulated engine installed as a host's "ml-env release", for tests and benchmarks of the
+stages after ml_env (sglang_server, serving_bench) without the CUDA mirror, test hub and wheelhouse.
+
+On a lab host: ``sglang_sim`` (lab/sglang-sim) in the system Python's dist-packages, ``/opt/ml-env/releases/sim``
+whose ``bin/python`` is /usr/bin/python3 (``current`` points at it), and the test hub model's tokenizer files
+in ``/srv/models/glm-5-sim`` (the model directory bench_serving's tokenizer comes from). ``GROUP_VARS`` is an
+inventory for playbooks/deploy_server.yml that serves the seed's served name with it.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_DIR = "/srv/models/glm-5-sim"
+
+GROUP_VARS = {
+    "sglang_server_module": "sglang_sim.launch_server",
+    "sglang_server_ml_env_release": "/opt/ml-env/releases/sim",
+    "sglang_server_args_common": {"host": "0.0.0.0", "port": 8000},
+    "sglang_server_args_gpu_class": {"tp-size": 2, "mem-fraction-static": 0.88},
+    "sglang_server_args_model": {"model-path": MODEL_DIR, "served-model-name": "glm-5", "max-running-requests": 64},
+    "sglang_server_environment": {"SGLANG_SIM_LOAD_SECONDS": "0.5", "SGLANG_SIM_GRAPH_SECONDS": "0.5",
+                                  "SGLANG_SIM_ACCESS_LOG": "0"},
+    "sglang_server_timeout_start_s": 120,
+    "sglang_server_timeout_stop_s": 20,
+    "sglang_server_restart_sec": 5,
+    "sglang_server_progress_interval_s": 5,
+    "sglang_server_release_timeout_s": 10,
+    "sglang_server_smoke_timeout_s": 30,
+}  # fmt: skip
+
+
+def tokenizer_files() -> dict[str, bytes]:
+    sys.path.insert(0, str(ROOT / "lab"))
+    from testhub import model
+
+    files = model._files_for(1)
+    return {n: files[n] for n in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")}
+
+
+def payload() -> bytes:
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w") as tf:
+        tf.add(
+            ROOT / "lab/sglang-sim/src/sglang_sim",
+            "sglang_sim",
+            filter=lambda t: None if "__pycache__" in t.name else t,
+        )
+        for name, data in tokenizer_files().items():
+            info = tarfile.TarInfo(f"tokenizer/{name}")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return tar.getvalue()
+
+
+INSTALL = (
+    "set -e; d=/usr/lib/python3/dist-packages; mkdir -p " + MODEL_DIR + " /opt/ml-env/releases/sim/bin; "
+    "tar -x -C $d; mv $d/tokenizer/* " + MODEL_DIR + "/; rmdir $d/tokenizer; "
+    "ln -sf /usr/bin/python3 /opt/ml-env/releases/sim/bin/python; "
+    "ln -sfn /opt/ml-env/releases/sim /opt/ml-env/current; chmod -R a+rX $d/sglang_sim " + MODEL_DIR
+)
+
+
+def install(lab_name: str, host: str, env: dict | None = None) -> None:
+    """Install the simulated engine release and the tokenizer on one lab host (through `gpufleet_lab exec`)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpufleet_lab", "--name", lab_name, "exec", host, "--", "bash", "-c", INSTALL],
+        input=payload(), capture_output=True, env=env, check=False, timeout=120,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"installing the simulated release on {host} failed: {proc.stderr.decode(errors='replace')}")

@@ -1,0 +1,233 @@
+"""Write the fleet report (reports/fleet-report.md and reports/fleet-report.html) from the controller's reports.
+
+    <bench client python> fleet_report.py REPORTS_DIR TEMPLATE
+
+Reads deploy/<host>.json (sglang_server), bench/<host>/<config>/<time>.json and bench/<host>/latest.json
+(serving_bench), gate/<host>.json, tune/<host>.json and baselines/*.json. The HTML page is self-contained: the
+plots (matplotlib, Agg) are PNG images in data: URIs, the style is inline, nothing is fetched.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import jinja2
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def load(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def collect(reports: Path) -> dict:
+    deploy = {p.stem: d for p in sorted((reports / "deploy").glob("*.json")) if (d := load(p)) and "host" in d}
+    bench_latest, history = {}, {}
+    for host_dir in sorted(p for p in (reports / "bench").glob("*") if p.is_dir()):
+        runs = sorted(
+            (d for p in host_dir.glob("*/*.json") if (d := load(p)) and d.get("results")),
+            key=lambda d: d.get("finished_at", ""),
+        )
+        # per configuration, the newest result at each concurrency (a canary gate measures one point only)
+        per_config: dict[str, dict] = {}
+        for run in runs:
+            merged = per_config.setdefault(run["config_hash"], dict(run, results=[]))
+            points = {r["max_concurrency"]: r for r in merged["results"]}
+            points.update({r["max_concurrency"]: r for r in run["results"]})
+            vs = {v["max_concurrency"]: v for v in merged.get("vs_baseline", [])}
+            vs.update({v["max_concurrency"]: v for v in run.get("vs_baseline", [])})
+            per_config[run["config_hash"]] = dict(
+                run, results=[points[c] for c in sorted(points)], vs_baseline=[vs[c] for c in sorted(vs)]
+            )
+        history[host_dir.name] = per_config
+        latest = load(host_dir / "latest.json")
+        if latest and latest.get("config_hash") in per_config:
+            bench_latest[host_dir.name] = per_config[latest["config_hash"]]
+    gates = {p.stem: d for p in sorted((reports / "gate").glob("*.json")) if (d := load(p))}
+    tunes = {p.stem: d for p in sorted((reports / "tune").glob("*.json")) if (d := load(p))}
+    baselines = {p.stem: d for p in sorted((reports / "baselines").glob("*.json")) if (d := load(p))}
+    hosts = sorted(set(deploy) | set(bench_latest) | set(gates) | set(tunes))
+    return {
+        "deploy": deploy,
+        "bench": bench_latest,
+        "history": history,
+        "gates": gates,
+        "tunes": tunes,
+        "baselines": baselines,
+        "hosts": hosts,
+    }
+
+
+def png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def series(run: dict, key: str) -> tuple[list, list]:
+    pts = [(r["max_concurrency"], r.get(key)) for r in run.get("results", []) if isinstance(r.get(key), (int, float))]
+    pts.sort()
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def plot_throughput(data: dict) -> str | None:
+    lines = [(h, cfg, run) for h, per in data["history"].items() for cfg, run in per.items()]
+    for name, tune in data["tunes"].items():
+        for v in tune.get("variants", []):
+            if v.get("results"):
+                lines.append((f"{name} tune:{v.get('name')}", v.get("config_hash", ""), v))
+    if not lines:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for host, cfg, run in lines:
+        label = f"{host} [{str(cfg)[:8]}]"
+        for ax, key in zip(axes, ("output_throughput", "total_throughput"), strict=True):
+            x, y = series(run, key)
+            if x:
+                ax.plot(x, y, marker="o", label=label)
+    for cls, base in data["baselines"].items():
+        x, y = series(base, "output_throughput")
+        if x:
+            axes[0].plot(x, y, linestyle="--", color="grey", label=f"baseline {cls}")
+    for ax, title in zip(axes, ("Output tok/s vs concurrency", "Total tok/s vs concurrency"), strict=True):
+        ax.set_title(title)
+        ax.set_xlabel("concurrent requests (--max-concurrency)")
+        ax.set_ylabel("tokens/s")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    return png(fig)
+
+
+def plot_latency(data: dict) -> str | None:
+    if not data["bench"]:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for host, run in data["bench"].items():
+        for ax, keys in zip(
+            axes, (("median_ttft_ms", "p99_ttft_ms"), ("median_itl_ms", "p95_itl_ms", "p99_itl_ms")), strict=True
+        ):
+            for key in keys:
+                x, y = series(run, key)
+                if x:
+                    ax.plot(x, y, marker="o", label=f"{host} {key.split('_')[0]}")
+    for ax, title in zip(axes, ("Time to first token (ms)", "Inter-token latency (ms)"), strict=True):
+        ax.set_title(title)
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel("ms")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return png(fig)
+
+
+def host_rows(data: dict) -> list[dict]:
+    rows = []
+    for host in data["hosts"]:
+        d = data["deploy"].get(host, {})
+        b = data["bench"].get(host, {})
+        g = data["gates"].get(host)
+        versions = d.get("versions", {})
+        timings = d.get("timings", {})
+        rollback = d.get("rollback") or {}
+        health = d.get("health") or {}
+        prompts = health.get("prompts") or []
+        rows.append(
+            {
+                "host": host,
+                "result": d.get("result", "no deploy report"),
+                "engine": versions.get("engine", "") + (" (simulator)" if versions.get("engine_is_simulator") else ""),
+                "release": versions.get("ml_env_release_id", ""),
+                "gpu_class": b.get("gpu_class", ""),
+                "nccl_env": d.get("nccl_env") or {},
+                "health_ok": health.get("ok"),
+                "smoke": f"{sum(1 for p in prompts if p.get('ok'))}/{len(prompts)} prompts ok" if prompts else "",
+                "timings": {k: v for k, v in timings.items() if isinstance(v, (int, float))},
+                "rollback": rollback,
+                "config_hash": b.get("config_hash", ""),
+                "bench": b.get("results", []),
+                "vs_baseline": b.get("vs_baseline", []),
+                "bench_finished": b.get("finished_at", ""),
+                "gate": g,
+            }
+        )
+    return rows
+
+
+def markdown(data: dict, rows: list[dict]) -> str:
+    out = [f"# gpufleet fleet report\n\nWritten {data['generated']}. HTML with plots: `fleet-report.html`.\n"]
+    for r in rows:
+        out.append(f"## {r['host']}\n")
+        out.append("| field | value |\n|---|---|")
+        out.append(f"| deploy result | {r['result']} |")
+        out.append(f"| engine | {r['engine']} |")
+        out.append(f"| ml-env release | {r['release']} |")
+        out.append(f"| GPU class | {r['gpu_class']} |")
+        out.append(f"| NCCL env | {' '.join(f'{k}={v}' for k, v in sorted(r['nccl_env'].items()))} |")
+        health = "ok" if r["health_ok"] else "FAILED" if r["health_ok"] is False else ""
+        out.append(f"| health / smoke | {health} {r['smoke']} |")
+        out.append(f"| timings (s) | {', '.join(f'{k} {v}' for k, v in r['timings'].items())} |")
+        rb = r["rollback"]
+        out.append(f"| rollback | {json.dumps(rb) if rb else 'none'} |")
+        out.append(f"| configuration | {r['config_hash']} |")
+        if r["gate"]:
+            g = r["gate"]
+            out.append(f"| gate | {'PASSED' if g.get('ok') else 'REFUSED'}: {g.get('reason', '')} |")
+        out.append("")
+        if r["bench"]:
+            out.append(
+                "| concurrency | output tok/s | total tok/s | req/s | TTFT p50/p99 ms | ITL p50/p95/p99 ms | failed "
+                "| vs baseline |"
+            )
+            out.append("|---|---|---|---|---|---|---|---|")
+            deltas = {v["max_concurrency"]: v.get("delta_pct") for v in r["vs_baseline"]}
+
+            def f(x):
+                return f"{x:.2f}" if isinstance(x, (int, float)) else "-"
+
+            for b in r["bench"]:
+                dlt = deltas.get(b["max_concurrency"])
+                out.append(
+                    f"| {b['max_concurrency']} | {f(b.get('output_throughput'))} | {f(b.get('total_throughput'))} | "
+                    f"{f(b.get('request_throughput'))} | {f(b.get('median_ttft_ms'))}/{f(b.get('p99_ttft_ms'))} | "
+                    f"{f(b.get('median_itl_ms'))}/{f(b.get('p95_itl_ms'))}/{f(b.get('p99_itl_ms'))} | "
+                    f"{b.get('failed')} | "
+                    f"{'' if dlt is None else f'{dlt:+.1f}%'} |"
+                )
+            out.append("")
+    for host, tune in data["tunes"].items():
+        out.append(f"## Tuning on {host}\n")
+        out.append("| rank | variant | score | variables |\n|---|---|---|---|")
+        for v in tune.get("ranking", []):
+            out.append(f"| {v.get('rank')} | {v.get('name')} | {v.get('score')} | `{json.dumps(v.get('vars', {}))}` |")
+        out.append(f"\nWinner: {tune.get('winner', {}).get('name', '-')}; copy into group_vars:\n")
+        out.append("```yaml\n" + tune.get("winner_yaml", "") + "```\n")
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    reports, template = Path(sys.argv[1]), Path(sys.argv[2])
+    data = collect(reports)
+    data["generated"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    rows = host_rows(data)
+    plots = {"throughput": plot_throughput(data), "latency": plot_latency(data)}
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template.parent)), autoescape=True, undefined=jinja2.StrictUndefined
+    )
+    html = env.get_template(template.name).render(data=data, rows=rows, plots=plots)
+    (reports / "fleet-report.html").write_text(html)
+    (reports / "fleet-report.md").write_text(markdown(data, rows))
+    print(json.dumps({"html": str(reports / "fleet-report.html"), "hosts": data["hosts"]}))
+
+
+if __name__ == "__main__":
+    main()

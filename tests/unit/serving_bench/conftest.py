@@ -1,0 +1,83 @@
+"""Import the serving_bench module_utils, modules and filters as Ansible would."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+REPO = Path(__file__).resolve().parents[3]
+ROLE = REPO / "roles" / "serving_bench"
+FIXTURES = REPO / "tests" / "unit" / "fixtures" / "bench-serving"
+for sub in ("module_utils", "library", "filter_plugins"):
+    if str(ROLE / sub) not in sys.path:
+        sys.path.insert(0, str(ROLE / sub))
+_parse = importlib.import_module("serving_bench_parse")
+sys.modules.setdefault("ansible.module_utils.serving_bench_parse", _parse)
+sys.modules.setdefault("ansible.module_utils.serving_bench_sweep", importlib.import_module("serving_bench_sweep"))
+SIM_TESTS = REPO / "tests" / "unit" / "sglang_sim"
+if str(SIM_TESTS) not in sys.path:
+    sys.path.insert(0, str(SIM_TESTS))
+
+
+@pytest.fixture
+def run_module(capsys):
+    def _run(name: str, args: dict):
+        mod = importlib.import_module(name)
+        with patch_module_args(args), pytest.raises(SystemExit) as exc:
+            mod.main()
+        out = capsys.readouterr().out
+        result = json.loads(out[out.index("{") :])
+        return result, bool(result.get("failed")) or exc.value.code not in (0, None)
+
+    return _run
+
+
+@pytest.fixture(scope="session")
+def bench_python() -> str:
+    """The controller's benchmark client (built by `make bench-client`, part of `make setup`)."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "bench_client.py"), "build"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, f"tools/bench_client.py build failed:\n{proc.stdout}{proc.stderr}"
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def tokenizer_dir(tmp_path) -> Path:
+    """The lab test hub's tokenizer files (what the role fetches from a lab host's model directory)."""
+    sys.path.insert(0, str(REPO / "lab"))
+    from testhub import model
+
+    files = model._files_for(1)
+    d = tmp_path / "tokenizer"
+    d.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (d / name).write_bytes(files[name])
+    return d
+
+
+@pytest.fixture
+def make_sim_bench(tmp_path):
+    """A simulated engine on loopback 200 tok/s for one request alone (knee 32)."""
+    from sglang_sim_helpers import Sim
+
+    sims = []
+
+    def factory(args=None, env=None):
+        base = tmp_path / f"sim{len(sims)}"
+        base.mkdir(parents=True)
+        sim = Sim(base, args, {"SGLANG_SIM_TOKENS_PER_S": "200", **(env or {})}, 2)
+        sims.append(sim)
+        sim.start()
+        sim.wait_ready(timeout=20)
+        return sim
+
+    yield factory
+    for sim in sims:
+        sim.stop()
