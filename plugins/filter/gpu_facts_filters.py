@@ -300,39 +300,6 @@ def _norm_args(args):
     return out
 
 
-def _int_arg(args, names, default, problems, host, what):
-    for name in names:
-        if name in args and args[name] is not None:
-            try:
-                value = int(args[name])
-            except (TypeError, ValueError):
-                problems.append(
-                    _problem(
-                        host,
-                        "sglang_args",
-                        f"{what} is not an integer",
-                        f"sglang_server_args.{name}={args[name]!r}",
-                        f"sglang_server_args.{name}",
-                        f"set sglang_server_args.{name} to a positive integer",
-                    )
-                )
-                return None, name
-            if value < 1:
-                problems.append(
-                    _problem(
-                        host,
-                        "sglang_args",
-                        f"{what} must be at least 1",
-                        f"sglang_server_args.{name}={value}",
-                        f"sglang_server_args.{name}",
-                        f"set sglang_server_args.{name} to a positive integer",
-                    )
-                )
-                return None, name
-            return value, name
-    return default, names[0]
-
-
 # Said when a holder runs inside a systemd service: it may be that service's own process (stopping the
 # service is then the fix) or a stray child of an unrelated one (an ssh login on a host without logind
 # sessions), so no service is named for stopping.
@@ -519,80 +486,68 @@ def _check_arch(c):
 
 
 def _check_parallelism(c):
-    """tp x pp (x dp) fits the GPUs of the nodes the server spans."""
-    host, s, errors, warnings, summary, gpu_count, args = (
-        c.host,
-        c.s,
-        c.errors,
-        c.warnings,
-        c.summary,
-        c.gpu_count,
-        c.args,
-    )
-    nnodes_raw = s.get("nnodes", 1)
+    """The parallel layout fits the GPUs of this node.
+
+    The layout is read once, by sglang_server (its fact sglang_server_parallel, filter sglang_parallel), and
+    passed in as gpu_facts_parallel; here it only meets the hardware.
+    """
+    host, s, errors, warnings, summary, gpu_count = (c.host, c.s, c.errors, c.warnings, c.summary, c.gpu_count)
+    par = s.get("parallel") or {}
+    where = "gpu_facts_parallel (sglang_server_parallel, from sglang_server_args_*)"
     try:
-        nnodes = int(nnodes_raw)
-        if nnodes < 1:
+        nnodes = int(par.get("nnodes", 1))
+        world = int(par.get("world", 1))
+        per_node = int(par.get("per_node", world // max(nnodes, 1)))
+        if nnodes < 1 or world < 1:
             raise ValueError
     except (TypeError, ValueError):
         errors.append(
             _problem(
                 host,
                 "parallelism",
-                f"nnodes must be a positive integer, got {nnodes_raw!r}",
+                f"the parallel layout is not usable: {par!r}",
                 f"gpu_facts.gpu_count={gpu_count}",
-                "sglang_server_nnodes",
-                "set sglang_server_nnodes to the number of hosts the server spans (1 for one host)",
+                where,
+                "pass sglang_server_parallel (the sglang_server role's `flags` entry point) as gpu_facts_parallel",
             )
         )
-        nnodes = None
-    tp, tp_key = _int_arg(args, ("tp", "tp-size", "tensor-parallel-size"), 1, errors, host, "tensor parallel size")
-    pp, pp_key = _int_arg(args, ("pp", "pp-size", "pipeline-parallel-size"), 1, errors, host, "pipeline parallel size")
-    dp, _dp_key = _int_arg(args, ("dp", "dp-size", "data-parallel-size"), 1, errors, host, "data parallel size")
-    if None not in (tp, pp, dp, nnodes):
-        dp_attention = bool(args.get("enable-dp-attention"))
-        world = tp * pp * (1 if dp_attention else dp)
-        needs = f"tp x pp{'' if dp_attention or dp == 1 else ' x dp'} = {world}"
-        variable = f"sglang_server_args.{tp_key}={tp}, sglang_server_args.{pp_key}={pp}, sglang_server_nnodes={nnodes}"
-        summary.update({"tp": tp, "pp": pp, "dp": dp, "nnodes": nnodes, "gpus_needed_total": world})
-        if world % nnodes:
-            errors.append(
-                _problem(
-                    host,
-                    "parallelism",
-                    f"{needs} is not divisible by nnodes={nnodes}",
-                    f"gpu_facts.gpu_count={gpu_count}",
-                    variable,
-                    f"choose tp x pp as a multiple of {nnodes} (e.g. tp={nnodes * gpu_count} for {nnodes} "
-                    f"hosts of {gpu_count} GPUs), or change sglang_server_nnodes",
-                )
+        return
+    for text in par.get("problems") or []:
+        errors.append(_problem(host, "parallelism", text, f"gpu_facts.gpu_count={gpu_count}", where, text))
+    if par.get("problems"):
+        return
+    opts = par.get("options") or {}
+    tp_key, pp_key, nn_key = opts.get("tp", "tp-size"), opts.get("pp", "pp-size"), opts.get("nnodes", "nnodes")
+    tp, pp, dp = par.get("tp", 1), par.get("pp", 1), par.get("dp", 1)
+    dp_attention = bool(par.get("dp_attention"))
+    needs = f"tp x pp{'' if dp_attention or dp == 1 else ' x dp'} = {world}"
+    variable = f"sglang_server_args_*: {tp_key}={tp}, {pp_key}={pp}, {nn_key}={nnodes}"
+    summary.update({"tp": tp, "pp": pp, "dp": dp, "nnodes": nnodes, "gpus_needed_total": world})
+    summary["gpus_needed_per_node"] = per_node
+    if per_node > gpu_count:
+        errors.append(
+            _problem(
+                host,
+                "parallelism",
+                f"{needs} over {nnodes} node(s) needs {per_node} GPUs per node but {host} has {gpu_count}",
+                f"gpu_facts.gpu_count={gpu_count}",
+                variable,
+                f"lower {tp_key}/{pp_key} to at most {gpu_count * nnodes} GPUs in total, or span more nodes "
+                f"({-(-world // gpu_count) if gpu_count else '?'} hosts: sglang_server_multinode_group, "
+                "docs/multinode.md)",
             )
-        else:
-            per_node = world // nnodes
-            summary["gpus_needed_per_node"] = per_node
-            if per_node > gpu_count:
-                errors.append(
-                    _problem(
-                        host,
-                        "parallelism",
-                        f"{needs} over {nnodes} node(s) needs {per_node} GPUs per node but {host} has {gpu_count}",
-                        f"gpu_facts.gpu_count={gpu_count}",
-                        variable,
-                        f"lower {tp_key}/{pp_key} to at most {gpu_count * nnodes} GPUs in total, or span more "
-                        f"nodes (sglang_server_nnodes={-(-world // gpu_count) if gpu_count else '?'})",
-                    )
-                )
-            elif per_node < gpu_count:
-                warnings.append(
-                    _problem(
-                        host,
-                        "parallelism",
-                        f"{needs} uses {per_node} of {gpu_count} GPUs per node: {gpu_count - per_node} would sit idle",
-                        f"gpu_facts.gpu_count={gpu_count}",
-                        variable,
-                        f"set {tp_key} x {pp_key} to {gpu_count * nnodes}, or accept the idle GPUs",
-                    )
-                )
+        )
+    elif per_node < gpu_count:
+        warnings.append(
+            _problem(
+                host,
+                "parallelism",
+                f"{needs} uses {per_node} of {gpu_count} GPUs per node: {gpu_count - per_node} would sit idle",
+                f"gpu_facts.gpu_count={gpu_count}",
+                variable,
+                f"set {tp_key} x {pp_key} to {gpu_count * nnodes}, or accept the idle GPUs",
+            )
+        )
 
 
 def _check_gpus_idle(c):
@@ -688,7 +643,7 @@ def _check_backends(c):
                     "(sglang-kernel and flashinfer-cubin for 12.0); it was the only coherent NSA backend on "
                     "the seed machine",
                     f"gpu_facts.archs={archs}",
-                    f"sglang_server_args.{key}",
+                    f"sglang_server_args_*.{key}",
                     "keep the pinned SM120-capable versions; check output with a real generation after start",
                 )
             )
@@ -699,7 +654,7 @@ def _check_backends(c):
                     "backends",
                     f"--{key}=trtllm uses TensorRT-LLM kernels built for Blackwell; {archs} may lack them",
                     f"gpu_facts.archs={archs}",
-                    f"sglang_server_args.{key}",
+                    f"sglang_server_args_*.{key}",
                     "use the architecture's default NSA backend (drop the option) unless tested",
                 )
             )
@@ -710,8 +665,8 @@ def _check_backends(c):
                     "backends",
                     f"--{key}={value} gave NaN output on sm_120 (seed machine); only trtllm was coherent",
                     f"gpu_facts.archs={archs}",
-                    f"sglang_server_args.{key}",
-                    f"set sglang_server_args.{key}: trtllm",
+                    f"sglang_server_args_*.{key}",
+                    f"set sglang_server_args_*.{key}: trtllm",
                 )
             )
     quant = str(args.get("quantization") or "")
@@ -722,7 +677,7 @@ def _check_backends(c):
                 "backends",
                 f"--quantization={quant} (NVFP4) needs Blackwell FP4 tensor cores; {archs} has none",
                 f"gpu_facts.archs={archs}",
-                "sglang_server_args.quantization",
+                "sglang_server_args_*.quantization",
                 "serve an FP8/BF16 checkpoint on this architecture",
             )
         )
@@ -733,7 +688,7 @@ def _check_backends(c):
                 "backends",
                 "--enable-flashinfer-allreduce-fusion: its help says it needs SM90 or SM10X",
                 f"gpu_facts.archs={archs}",
-                "sglang_server_args.enable-flashinfer-allreduce-fusion",
+                "sglang_server_args_*.enable-flashinfer-allreduce-fusion",
                 "verify throughput and output with and without it on this architecture",
             )
         )
@@ -744,7 +699,7 @@ def _check_backends(c):
                 "backends",
                 f"--kv-cache-dtype={args['kv-cache-dtype']} was reported broken for GLM-5 on sm_120",
                 f"gpu_facts.archs={archs}",
-                "sglang_server_args.kv-cache-dtype",
+                "sglang_server_args_*.kv-cache-dtype",
                 "use kv-cache-dtype auto unless tested with a real generation",
             )
         )
@@ -786,7 +741,9 @@ def gpu_preflight_problems(facts, settings):
     """Return ``{"errors": [problem], "warnings": [problem], "summary": {...}}`` for one host.
 
     ``settings`` keys: host, cuda_version, cuda_driver_floors, arch_min_cuda, arch_max_cuda,
-    server_args (SGLang option -> value), nnodes, own_units, idle_memory_mib,
+    server_args (the inventory's merged SGLang flags, for the backend checks), parallel
+    (sglang_server's parallel layout: tp, pp, dp, nnodes, world, per_node, options, problems),
+    own_units, idle_memory_mib,
     disk_requirements ([{path, min_free_gib, purpose}]), comm (gpu_comm_settings output).
     Every problem names the host, the fact, the variable and the fix (``text`` joins them).
     """

@@ -29,7 +29,7 @@ description:
 positional: _input
 options:
   _input:
-    description: Mapping of option -> value (the merged C(sglang_server_args)).
+    description: Mapping of option -> value (the merged flags, C(sglang_server_flags)).
     type: dict
     required: true
 """
@@ -93,7 +93,7 @@ def sglang_argv(args, table_path=None) -> list[str]:
     if args is None:
         return []
     if not isinstance(args, dict):
-        raise SglangArgsError(f"sglang_server_args must be a mapping of option -> value, got {type(args).__name__}")
+        raise SglangArgsError(f"the server flags must be a mapping of option -> value, got {type(args).__name__}")
     table = load_table(table_path)
     argv: list[str] = []
     seen_dest: dict[str, str] = {}
@@ -199,6 +199,94 @@ def sglang_arg(args, option, default=None, table_path=None):
     return default
 
 
+def sglang_merge_flags(layers, table_path=None) -> dict:
+    """The one merge of the inventory's flag layers (``{layer variable: mapping}``, lowest first).
+
+    Keys lose a leading ``--``. A layer's option replaces whatever spelling of the same SGLang option a
+    lower layer used (``tensor-parallel-size`` over ``tp-size``); ``null`` removes it. Refused, naming the
+    layer: a layer that is not a mapping, two spellings of one option in one layer, an abbreviation of an
+    option (SGLang's argparse would guess; gpufleet does not: ``tp`` for ``tp-size``).
+    """
+    if not isinstance(layers, dict):
+        raise SglangArgsError("sglang_merge_flags needs {layer variable: mapping}, lowest layer first")
+    table = load_table(table_path)
+    merged: dict = {}
+    for name, layer in layers.items():
+        if layer is None:
+            continue
+        if not isinstance(layer, dict):
+            raise SglangArgsError(
+                f"{name} must be a mapping of SGLang option (no --) -> value, got {type(layer).__name__}: "
+                f"fix {name} in the inventory"
+            )
+        seen: dict[str, str] = {}
+        for key, value in layer.items():
+            opt = _option(key)
+            flag = opt[2:]
+            entry = table.get(opt)
+            if entry is None:
+                longer = sorted(o for o in table if o.startswith(opt))
+                if longer:
+                    raise SglangArgsError(
+                        f"{name}.{flag} is an abbreviation of {' or '.join(longer[:3])}: write the option exactly "
+                        f"in {name} (SGLang would guess, gpufleet does not)"
+                    )
+            dest = entry["dest"] if entry else opt
+            if dest in seen:
+                raise SglangArgsError(
+                    f"{name} sets one SGLang option twice ({seen[dest]} and {flag}): keep one spelling in {name}"
+                )
+            seen[dest] = flag
+            for old in [k for k in merged if (table.get(_option(k)) or {}).get("dest", _option(k)) == dest]:
+                del merged[old]
+            if value is not None:
+                merged[flag] = value
+    return merged
+
+
+_PARALLEL = (("tp", "tp-size"), ("pp", "pp-size"), ("dp", "dp-size"), ("nnodes", "nnodes"))
+
+
+def sglang_parallel(flags, table_path=None) -> dict:
+    """The server's parallel layout, read once from the merged flags; every reader uses this.
+
+    ``{tp, pp, dp, nnodes, dp_attention, world, per_node, options, problems}``: ``world`` is the GPUs of the
+    whole server (tp x pp, x dp unless dp-attention shares the tp GPUs), ``per_node`` its share on each of
+    the ``nnodes`` hosts, ``options`` the spelling the inventory used (for messages), ``problems`` what is
+    wrong (a value that is not a positive integer, a world not divisible by nnodes), each naming the flag.
+    """
+    flags = flags if isinstance(flags, dict) else {}
+    table = load_table(table_path)
+    out: dict = {"options": {}, "problems": []}
+    for name, option in _PARALLEL:
+        want = table.get(_option(option))
+        spelled = option
+        for key in flags:
+            entry = table.get(_option(key))
+            if _option(key) == _option(option) or (want and entry and entry["dest"] == want["dest"]):
+                spelled = str(key).lstrip("-")
+        raw = sglang_arg(flags, option, 1, table_path)
+        out["options"][name] = spelled
+        try:
+            value = int(raw)
+            if isinstance(raw, bool) or value < 1 or (isinstance(raw, float) and raw != value):
+                raise ValueError
+        except (TypeError, ValueError):
+            out["problems"].append(f"{spelled}={raw!r} must be a positive integer (sglang_server_args_*.{spelled})")
+            value = 1
+        out[name] = value
+    out["dp_attention"] = bool(sglang_arg(flags, "enable-dp-attention", False, table_path))
+    out["world"] = out["tp"] * out["pp"] * (1 if out["dp_attention"] else out["dp"])
+    if out["world"] % out["nnodes"]:
+        o = out["options"]
+        out["problems"].append(
+            f"{o['tp']} x {o['pp']} = {out['world']} GPUs is not divisible by {o['nnodes']}={out['nnodes']}: "
+            f"choose {o['tp']} x {o['pp']} as a multiple of {out['nnodes']} (sglang_server_args_*)"
+        )
+    out["per_node"] = max(out["world"] // out["nnodes"], 1)
+    return out
+
+
 def sglang_gpu_indices(args, gpu_count, table_path=None) -> list[int]:
     """GPU indices the server will use on this host: base-gpu-id .. + tp*pp(*dp)/nnodes (gpu-id-step apart)."""
 
@@ -208,11 +296,7 @@ def sglang_gpu_indices(args, gpu_count, table_path=None) -> list[int]:
         except (TypeError, ValueError):
             return dflt
 
-    tp, pp, nnodes = num("tp-size", 1), num("pp-size", 1), max(num("nnodes", 1), 1)
-    dp = num("dp-size", 1)
-    if sglang_arg(args, "enable-dp-attention", False, table_path):
-        dp = 1
-    local = max((tp * pp * dp) // nnodes, 1)
+    local = sglang_parallel(args, table_path)["per_node"]
     base, step = num("base-gpu-id", 0), max(num("gpu-id-step", 1), 1)
     indices = [base + i * step for i in range(local)]
     count = int(gpu_count or 0)
@@ -374,6 +458,8 @@ class FilterModule:
             "sglang_flag_problems": _wrap(sglang_flag_problems),
             "sglang_arg": _wrap(sglang_arg),
             "sglang_gpu_indices": _wrap(sglang_gpu_indices),
+            "sglang_merge_flags": _wrap(sglang_merge_flags),
+            "sglang_parallel": _wrap(sglang_parallel),
             "systemd_exec_args": _wrap(systemd_exec_args),
             "systemd_environment": _wrap(systemd_environment),
             "env_file_line": _wrap(env_file_line),

@@ -39,7 +39,7 @@ def playbook(inventory, host, extra=None, playbook="playbooks/preflight.yml", tm
 
 def test_seed_machine_passes_and_gets_the_seed_set(inventory, tmp_path):
     rc, out = playbook(
-        inventory, "pf-rtx", {"sglang_server_args": {"tp": 8}, "measure_nccl": "auto"}, tmp_path=tmp_path
+        inventory, "pf-rtx", {"sglang_server_args_host": {"tp-size": 8}, "measure_nccl": "auto"}, tmp_path=tmp_path
     )
     assert rc == 0, out
     assert "NCCL_P2P_LEVEL: PHB" in out and "NCCL_MIN_NCHANNELS: '8'" in out
@@ -49,23 +49,38 @@ def test_seed_machine_passes_and_gets_the_seed_set(inventory, tmp_path):
 
 
 def test_tp16_on_one_8_gpu_host_is_refused(inventory, tmp_path):
-    rc, out = playbook(inventory, "pf-rtx", {"sglang_server_args": {"tp": 16}}, tmp_path=tmp_path)
+    rc, out = playbook(inventory, "pf-rtx", {"sglang_server_args_host": {"tp-size": 16}}, tmp_path=tmp_path)
     assert rc != 0
     assert "PREFLIGHT FAILED on pf-rtx" in out
     assert "tp x pp = 16 over 1 node(s) needs 16 GPUs per node but pf-rtx has 8" in out
-    assert "fact: gpu_facts.gpu_count=8" in out and "variable: sglang_server_args.tp=16" in out
-    assert "fix: lower tp/pp to at most 8 GPUs in total" in out
+    assert (
+        "fact: gpu_facts.gpu_count=8" in out
+        and "variable: sglang_server_args_*: tp-size=16, pp-size=1, nnodes=1" in out
+    )
+    assert "fix: lower tp-size/pp-size to at most 8 GPUs in total" in out
 
 
 def test_multi_node_tp_not_divisible_by_nnodes_is_refused(inventory, tmp_path):
-    extra = {"sglang_server_args": {"tp": 16}, "sglang_server_nnodes": 3}
+    extra = {"sglang_server_args_host": {"tp-size": 16, "nnodes": 3}}
     rc, out = playbook(inventory, "pf-rtx", extra, tmp_path=tmp_path)
     assert rc != 0
-    assert "tp x pp = 16 is not divisible by nnodes=3" in out and "sglang_server_nnodes=3" in out
+    assert "tp-size x pp-size = 16 GPUs is not divisible by nnodes=3" in out
+
+
+def test_two_node_layout_written_in_the_flags_reaches_gpu_facts(inventory, tmp_path):
+    # issue 12 row 6: `-e '{"sglang_server_args_host":{"tp-size":16,"nnodes":2}}'` was refused "over 1 node(s)"
+    # by gpu_facts. It now reads nnodes 2 from the flags (preflight OK, InfiniBand kept); what refuses it is the
+    # multi-node rule: nnodes comes from sglang_server_multinode_group, never written by hand.
+    extra = {"sglang_server_args_host": {"tp-size": 16, "nnodes": 2}}
+    rc, out = playbook(inventory, "pf-rtx", extra, tmp_path=tmp_path)
+    assert rc != 0
+    assert "over 1 node(s)" not in out and "PREFLIGHT FAILED" not in out and "preflight OK on pf-rtx" in out
+    assert "NCCL_P2P_LEVEL: PHB" in out and "NCCL_IB_DISABLE" not in out  # derived for 2 nodes: IB stays on
+    assert "nnodes=2 in the flags but the server has 1 node(s)" in out
 
 
 def test_old_driver_is_refused_for_cuda_12_8(inventory, tmp_path):
-    rc, out = playbook(inventory, "pf-old", {"sglang_server_args": {"tp": 8}}, tmp_path=tmp_path)
+    rc, out = playbook(inventory, "pf-old", {"sglang_server_args_host": {"tp-size": 8}}, tmp_path=tmp_path)
     assert rc != 0
     assert "driver 550.127.05 is too old for CUDA 12.8 (needs >= 570.26)" in out
     assert "fact: gpu_facts.driver_version=550.127.05" in out and "variable: cuda_toolkit_version=12.8" in out
@@ -78,11 +93,13 @@ def test_host_without_driver_fails_naming_the_command(inventory, tmp_path):
 
 
 def test_required_measurement_without_torch_is_refused(inventory, tmp_path):
-    rc, out = playbook(inventory, "pf-rtx", {"sglang_server_args": {"tp": 8}}, "playbooks/measure_nccl.yml", tmp_path)
+    rc, out = playbook(
+        inventory, "pf-rtx", {"sglang_server_args_host": {"tp-size": 8}}, "playbooks/measure_nccl.yml", tmp_path
+    )
     assert rc != 0
     assert "NCCL measurement requested" in out and "/opt/ml-env/current/bin/python is missing" in out
 
 
 def test_deploy_starts_with_the_preflight(inventory, tmp_path):
-    rc, out = playbook(inventory, "pf-rtx", {"sglang_server_args": {"tp": 16}}, "deploy.yml", tmp_path)
+    rc, out = playbook(inventory, "pf-rtx", {"sglang_server_args_host": {"tp-size": 16}}, "deploy.yml", tmp_path)
     assert rc != 0 and "PREFLIGHT FAILED on pf-rtx" in out

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
+from role_flags import render_hosts
 
 REPO = Path(__file__).resolve().parents[2]
 INV = REPO / "inventory" / "examples" / "production-fleet"
@@ -66,33 +66,22 @@ def test_playbooks_pass_the_syntax_check():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def rendered(*hosts: str) -> dict:
-    """The merged flags, rank and nodes of each host, as Ansible renders them (one ad-hoc run)."""
+def rendered(tmp_path, *hosts: str) -> dict:
+    """The merged flags, rank and nodes of each host, as the sglang_server role's `flags` entry point merges them."""
     expr = (
-        "{{ {'argv': sglang_server_args | gpufleet.fleet.sglang_argv, 'rank': sglang_server_node_rank | int,"
-        " 'nodes': sglang_server_nodes,"
-        " 'key_problem': sglang_server_api_key | gpufleet.fleet.sglang_api_key_problem} | to_json }}"
+        "{{ {'argv': sglang_server_inventory_flags | gpufleet.fleet.sglang_argv, 'rank': sglang_server_node_rank | int,"
+        " 'nodes': sglang_server_nodes, 'parallel': sglang_server_parallel,"
+        " 'key_problem': sglang_server_api_key | gpufleet.fleet.sglang_api_key_problem} }}"
     )
-    proc = run(
-        str(BIN / "ansible"), ",".join(hosts), "-i", str(INV), "--vault-password-file", str(PASSWORD),
-        "-m", "ansible.builtin.debug", "-a", f"msg={expr}", "-e", "@playbooks/vars/sglang_server_args.yml",
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = {}
-    for chunk in re.split(r"^(?=\S+ \| SUCCESS => )", proc.stdout, flags=re.M):
-        if " | SUCCESS => " in chunk:
-            host, body = chunk.split(" | SUCCESS => ", 1)
-            msg = json.loads(body)["msg"]
-            out[host.strip()] = json.loads(msg) if isinstance(msg, str) else msg
-    return out
+    return render_hosts(INV, list(hosts), expr, {}, tmp_path, "--vault-password-file", str(PASSWORD))
 
 
 def flag(argv: list[str], name: str):
     return argv[argv.index(name) + 1] if name in argv else None
 
 
-def test_multinode_flags_from_inventory_order_and_single_node_untouched():
-    r = rendered("h200-03", "h200-04", "rtxpro-01")
+def test_multinode_flags_from_inventory_order_and_single_node_untouched(tmp_path):
+    r = rendered(tmp_path, "h200-03", "h200-04", "rtxpro-01")
     node0, node1, single = r["h200-03"], r["h200-04"], r["rtxpro-01"]
     for rank, r in enumerate((node0, node1)):
         assert r["nodes"] == ["h200-03", "h200-04"] and r["rank"] == rank
@@ -100,5 +89,8 @@ def test_multinode_flags_from_inventory_order_and_single_node_untouched():
         assert flag(r["argv"], "--node-rank") == str(rank)
         assert flag(r["argv"], "--dist-init-addr") == "198.51.100.23:20000"
         assert flag(r["argv"], "--tp-size") == "16"
+        # the one parallel layout every reader gets (gpu_facts through gpu_facts_parallel)
+        assert (r["parallel"]["nnodes"], r["parallel"]["world"], r["parallel"]["per_node"]) == (2, 16, 8)
+    assert (single["parallel"]["nnodes"], single["parallel"]["per_node"]) == (1, 8)
     assert "--nnodes" not in single["argv"] and flag(single["argv"], "--tp-size") == "8"
     assert single["key_problem"] == ""  # the vault's key passes the role's API-key check

@@ -27,6 +27,10 @@ if BENCH not in sys.path:
 
 import allreduce_bw as ab  # noqa: E402,F401  (re-exported for the tests)
 from ansible_collections.gpufleet.fleet.plugins.filter import gpu_facts_filters as gff  # noqa: E402,F401
+
+# sglang_server owns the flags and their parallel layout (sglang_parallel); the preflight tests feed its
+# output to gpu_facts exactly as playbooks/vars/fleet.yml does.
+from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as sgf  # noqa: E402,F401
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpu_facts_collect as gfc  # noqa: E402
 
 KVM = {("systemd-detect-virt", "--vm"): (0, "kvm\n", ""), ("systemd-detect-virt", "--container"): (1, "none\n", "")}

@@ -1,6 +1,6 @@
 """inventory/examples/glm5-rtxpro6000 reproduces the seed's launch (seed-story.md) flag for flag.
 
-The merged flags (playbooks/vars/sglang_server_args.yml over the example's group_vars, plus the
+The merged flags (the sglang_server role's `flags` entry point over the example's group_vars, plus the
 communication flags gpu_facts derives for the seed machine's simulated facts) are rendered by Ansible
 itself and compared with the seed's command line. The only spelling difference is the seed's `--tp`, an
 abbreviation SGLang's argparse resolves to `--tp-size` (gpufleet renders exact option names); SGLang
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ansible_eval import host_value
+from role_flags import render
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "unit" / "gpu_facts"))
@@ -61,15 +61,11 @@ def rendered(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("example")
     (tmp / "facts.json").write_text(json.dumps({"gpu_facts_comm": comm}))
     expr = (
-        "{{ {'argv': sglang_server_args | gpufleet.fleet.sglang_argv, 'nccl': gpu_facts_comm.nccl_env, "
+        "{{ {'argv': sglang_server_flags | gpufleet.fleet.sglang_argv, 'nccl': gpu_facts_comm.nccl_env, "
         "'omp': sglang_server_omp_num_threads | string, "
-        "'cuda_home': cuda_toolkit_home | default('/usr/local/cuda-' ~ cuda_toolkit_version)} | to_json }}"
+        "'cuda_home': cuda_toolkit_home | default('/usr/local/cuda-' ~ cuda_toolkit_version)} }}"
     )
-    result = host_value(
-        "glm5-rtxpro-01", "inventory/examples/glm5-rtxpro6000", expr,
-        "@playbooks/vars/sglang_server_args.yml", f"@{tmp / 'facts.json'}",
-    )  # fmt: skip
-    return json.loads(result) if isinstance(result, str) else result
+    return render("inventory/examples/glm5-rtxpro6000", "glm5-rtxpro-01", expr, {"gpu_facts_comm": comm}, tmp)
 
 
 def seed_argv():

@@ -10,14 +10,13 @@ real engine itself runs in `make real-engine`.
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from ansible_eval import host_value
+from role_flags import render
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "inventory" / "examples" / "glm5-rtxpro6000"
@@ -37,10 +36,10 @@ DERIVED = {
     "sglang_server_release": RELEASE,
     "sglang_server_python": RELEASE + "/bin/python",
     "sglang_server_release_id": "2026-11-30-sglang-cu128",
-    "sglang_server_argv": "{{ sglang_server_args | gpufleet.fleet.sglang_argv }}",
-    "sglang_server_model": "{{ sglang_server_args | gpufleet.fleet.sglang_arg('model-path', '') | string }}",
+    "sglang_server_argv": "{{ sglang_server_flags | gpufleet.fleet.sglang_argv }}",
+    "sglang_server_model": "{{ sglang_server_flags | gpufleet.fleet.sglang_arg('model-path', '') | string }}",
     "sglang_server_served_name": (
-        "{{ sglang_server_args | gpufleet.fleet.sglang_arg('served-model-name', sglang_server_model) }}"
+        "{{ sglang_server_flags | gpufleet.fleet.sglang_arg('served-model-name', sglang_server_model) }}"
     ),
     "sglang_server_use_redactor": False,
     "sglang_server_redactor_sha256": "",
@@ -67,12 +66,8 @@ def unit(tmp_path_factory) -> str:
     extra = {k: v for k, v in defaults.items() if k not in inventory_keys}
     extra.update(DERIVED)
     extra["gpu_facts_comm"] = h.gff.gpu_comm_settings(h.facts_for("rtx-pro-6000x8-vm"), {}, 1)
-    (tmp / "vars.json").write_text(json.dumps(extra))
     template = REPO / "roles" / "sglang_server" / "templates" / "sglang-server.service.j2"
-    return host_value(
-        "glm5-rtxpro-01", EXAMPLE, f"{{{{ lookup('ansible.builtin.template', '{template}') }}}}",
-        "@playbooks/vars/sglang_server_args.yml", f"@{tmp / 'vars.json'}",
-    )  # fmt: skip
+    return render(EXAMPLE, "glm5-rtxpro-01", f"{{{{ lookup('ansible.builtin.template', '{template}') }}}}", extra, tmp)
 
 
 def exec_start(unit: str) -> list[str]:

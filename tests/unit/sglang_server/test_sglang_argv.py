@@ -130,3 +130,38 @@ def test_env_file_lines_escape_shell_and_quotes():
 def test_local_model_detection():
     assert f.sglang_model_is_local("/srv/models/glm-5")
     assert not f.sglang_model_is_local("lukealonso/GLM-5-NVFP4")
+
+
+def test_merge_flags_layers_lowest_first_with_alias_replacement_and_null_removal():
+    merged = f.sglang_merge_flags(
+        {
+            "sglang_server_args_common": {"--port": 8000, "host": "0.0.0.0", "tp-size": 8},
+            "sglang_server_args_gpu_class": {"tensor-parallel-size": 4, "mem-fraction-static": 0.9},
+            "sglang_server_args_model": None,
+            "sglang_server_args_host": {"mem-fraction-static": None, "nnodes": 2},
+        }
+    )
+    assert merged == {"port": 8000, "host": "0.0.0.0", "tensor-parallel-size": 4, "nnodes": 2}
+    assert f.sglang_parallel(merged)["tp"] == 4 and f.sglang_parallel(merged)["nnodes"] == 2
+
+
+@pytest.mark.parametrize(
+    ("layer", "message"),
+    [
+        ({"tp": 8}, "sglang_server_args_host.tp is an abbreviation of --tp-size"),
+        ({"tp-size": 8, "tensor-parallel-size": 8}, "sglang_server_args_host sets one SGLang option twice"),
+        (["tp-size"], "sglang_server_args_host must be a mapping"),
+    ],
+)
+def test_merge_flags_refuses_naming_the_layer(layer, message):
+    with pytest.raises(f.SglangArgsError, match=message):
+        f.sglang_merge_flags({"sglang_server_args_common": {}, "sglang_server_args_host": layer})
+
+
+def test_parallel_layout_problems_name_the_flag():
+    assert f.sglang_parallel({"tp-size": "x"})["problems"] == [
+        "tp-size='x' must be a positive integer (sglang_server_args_*.tp-size)"
+    ]
+    par = f.sglang_parallel({"tp-size": 8, "dp-size": 2, "enable-dp-attention": True, "nnodes": 2})
+    assert (par["world"], par["per_node"], par["problems"]) == (8, 4, [])
+    assert "not divisible by nnodes=3" in f.sglang_parallel({"tp-size": 8, "nnodes": 3})["problems"][0]

@@ -30,7 +30,7 @@ NOT_IN_MAIN = {
                 "gpu_facts_cuda_version",
                 "gpu_facts_arch_min_cuda",
                 "gpu_facts_arch_max_cuda",
-                "gpu_facts_sglang_server_args",
+                "gpu_facts_server_flags",
                 "gpu_facts_own_service_units",
                 "gpu_facts_idle_memory_mib",
                 "gpu_facts_fail_on_warnings",
