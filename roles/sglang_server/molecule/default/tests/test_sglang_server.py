@@ -118,6 +118,16 @@ def test_report_of_the_first_deploy(host):
     assert "--disable-custom-all-reduce" in r["flags"]
 
 
+def test_report_nccl_env_is_read_back_from_the_running_engine(host):
+    # issue 12: the report shows the environment the engine really got, not a recomputation
+    r = report(HOST)
+    pid = props(host)["MainPID"]
+    environ = host.check_output(f"tr '\\0' '\\n' < /proc/{pid}/environ").splitlines()
+    running = dict(item.split("=", 1) for item in environ if item.startswith("NCCL_"))
+    assert r["engine_env"] == {"source": "process", "main_pid": int(pid)}
+    assert r["nccl_env"] == running == SEED_NCCL
+
+
 def test_second_run_changes_nothing_and_does_not_restart(second_run):
     before, after, rc, out = second_run
     assert rc == 0, out[-3000:]
@@ -142,8 +152,16 @@ def test_secret_is_not_in_ansible_output(second_run):
             {"sglang_server_args_host": {"nsa-decode-backen": "trtllm"}},
             ["sglang_server_args_host.nsa-decode-backen is an abbreviation of --nsa-decode-backend"],
         ),
+        # issue 12 row 2: NCCL variables have one path (gpu_facts_nccl_env_overrides) and one guard
+        (
+            {"sglang_server_environment": {"NCCL_SHM_DISABLE": "1"}},
+            [
+                "sglang_server_environment sets NCCL_SHM_DISABLE",
+                "move NCCL_SHM_DISABLE from sglang_server_environment to gpu_facts_nccl_env_overrides",
+            ],
+        ),
     ],
-    ids=["flag-typo"],
+    ids=["flag-typo", "nccl-in-server-environment"],
 )
 def test_bad_input_is_refused_before_the_server_is_touched(host, second_run, extra, messages):
     before = props(host)
