@@ -55,11 +55,11 @@ echo "playbook rc=$?" >>"$OUTDIR/env.txt"
 # Fallback when Ansible could not run: the benchmark directly (same variants).
 if [ ! -s "$OUTDIR/report/localhost/nccl-allreduce.json" ]; then
   mkdir -p "$OUTDIR/report/localhost"
-  "$PY" benchmarks/nccl/allreduce_bw.py --nccl-debug --warmup 10 --iters 40 --variant 'derived={}' \
+  "$PY" roles/gpu_facts/files/allreduce_bw.py --nccl-debug --warmup 10 --iters 40 --variant 'derived={}' \
     --variant 'defaults={}' --variant 'p2p_off={"NCCL_P2P_DISABLE":"1"}' \
     --json-out "$OUTDIR/report/localhost/nccl-allreduce.json" >/dev/null 2>>"$OUTDIR/env.txt"
 fi
 # One GPU: all-reduce between GPUs does not apply (status not_applicable).
-CUDA_VISIBLE_DEVICES=0 "$PY" benchmarks/nccl/allreduce_bw.py --json-out "$OUTDIR/one-gpu.json" >/dev/null 2>&1
+CUDA_VISIBLE_DEVICES=0 "$PY" roles/gpu_facts/files/allreduce_bw.py --json-out "$OUTDIR/one-gpu.json" >/dev/null 2>&1
 echo "one-gpu rc=$?" >>"$OUTDIR/env.txt"
 ls -laR "$OUTDIR" >>"$OUTDIR/env.txt"

@@ -21,7 +21,7 @@ DEVICE = FIXTURES / "h200-device"
 H200X2 = FIXTURES / "h200x2-vm"
 SIM = REPO / "lab" / "gpusim" / "nvidia_smi.py"
 PROFILES = REPO / "lab" / "gpusim" / "profiles"
-BENCH = str(REPO / "benchmarks" / "nccl")
+BENCH = str(REPO / "roles" / "gpu_facts" / "files")  # the NCCL benchmark script the role runs
 if BENCH not in sys.path:
     sys.path.insert(0, BENCH)
 

@@ -1,4 +1,4 @@
-"""benchmarks/nccl/allreduce_bw.py: formulas, variants, summary; the real H200 report it produced."""
+"""roles/gpu_facts/files/allreduce_bw.py: formulas, variants, summary; the real H200 report it produced."""
 
 from __future__ import annotations
 

@@ -141,3 +141,11 @@ def test_the_same_layout_on_one_node_is_refused_naming_the_flags(tmp_path):
     (msg,) = [m for m in failures(doc) if "PREFLIGHT FAILED" in m]
     assert "tp x pp = 16 over 1 node(s) needs 16 GPUs per node but node-a has 8" in msg
     assert "variable: sglang_server_args_*: tp-size=16, pp-size=1, nnodes=1" in msg
+
+
+def test_the_driver_floors_are_passed_in_not_read_from_the_cuda_toolkit_role(tmp_path):
+    # gpu_facts owns no copy of cuda_toolkit's table: without gpu_facts_driver_floors its preflight refuses
+    rc, doc = run_readers(tmp_path, {"gpu_facts_driver_floors": {}}, {"tp-size": 8})
+    assert rc != 0
+    (msg,) = failures(doc)
+    assert "gpu_facts_driver_floors is empty" in msg and "roles/cuda_toolkit/vars/driver_floors.yml" in msg
