@@ -48,3 +48,12 @@ def test_reports_take_the_health_from_rank0(host):
     assert r["health"]["ok"] is True
     assert flag(r["flags"], "--nnodes") == "2" and flag(r["flags"], "--node-rank") == str(RANK[_name(host)])
     assert r["health"]["checked_on"] == "mn-0"
+
+
+def test_both_nodes_run_with_infiniband_kept(host):
+    # issue 12 row 6: nnodes reaches gpu_facts through sglang_server_parallel, so the derivation takes the
+    # multi-node branch (no NCCL_IB_DISABLE); the report's nccl_env is read back from the running engine
+    r = report(_name(host))
+    assert r["engine_env"]["source"] == "process"
+    assert r["nccl_env"] and "NCCL_IB_DISABLE" not in r["nccl_env"]
+    assert "NCCL_IB_DISABLE" not in r["nccl_env_derived"]
