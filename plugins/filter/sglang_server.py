@@ -204,8 +204,10 @@ def sglang_merge_flags(layers, table_path=None) -> dict:
 
     Keys lose a leading ``--``. A layer's option replaces whatever spelling of the same SGLang option a
     lower layer used (``tensor-parallel-size`` over ``tp-size``); ``null`` removes it. Refused, naming the
-    layer: a layer that is not a mapping, two spellings of one option in one layer, an abbreviation of an
-    option (SGLang's argparse would guess; gpufleet does not: ``tp`` for ``tp-size``).
+    layer: a layer that is not a mapping, two spellings of one option in one layer. A key that is no option
+    (a typo, an abbreviation such as ``tp``) is kept as written: the role's validate_inputs reports it with
+    every other problem of the flags at once (sglang_flag_problems against the pinned table, then against the
+    engine's own --help), so the layout never reads it.
     """
     if not isinstance(layers, dict):
         raise SglangArgsError("sglang_merge_flags needs {layer variable: mapping}, lowest layer first")
@@ -224,13 +226,6 @@ def sglang_merge_flags(layers, table_path=None) -> dict:
             opt = _option(key)
             flag = opt[2:]
             entry = table.get(opt)
-            if entry is None:
-                longer = sorted(o for o in table if o.startswith(opt))
-                if longer:
-                    raise SglangArgsError(
-                        f"{name}.{flag} is an abbreviation of {' or '.join(longer[:3])}: write the option exactly "
-                        f"in {name} (SGLang would guess, gpufleet does not)"
-                    )
             dest = entry["dest"] if entry else opt
             if dest in seen:
                 raise SglangArgsError(

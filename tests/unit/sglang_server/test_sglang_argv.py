@@ -148,7 +148,6 @@ def test_merge_flags_layers_lowest_first_with_alias_replacement_and_null_removal
 @pytest.mark.parametrize(
     ("layer", "message"),
     [
-        ({"tp": 8}, "sglang_server_args_host.tp is an abbreviation of --tp-size"),
         ({"tp-size": 8, "tensor-parallel-size": 8}, "sglang_server_args_host sets one SGLang option twice"),
         (["tp-size"], "sglang_server_args_host must be a mapping"),
     ],
@@ -156,6 +155,13 @@ def test_merge_flags_layers_lowest_first_with_alias_replacement_and_null_removal
 def test_merge_flags_refuses_naming_the_layer(layer, message):
     with pytest.raises(f.SglangArgsError, match=message):
         f.sglang_merge_flags({"sglang_server_args_common": {}, "sglang_server_args_host": layer})
+
+
+def test_merge_keeps_a_typo_for_validate_inputs_to_report_and_the_layout_ignores_it():
+    merged = f.sglang_merge_flags({"sglang_server_args_common": {"tp-size": 8}, "sglang_server_args_host": {"tp": 16}})
+    assert merged == {"tp-size": 8, "tp": 16}
+    assert f.sglang_parallel(merged)["tp"] == 8
+    assert "abbreviation of --tp-size" in f.sglang_flag_problems(merged, f.sglang_table_options(None), "x")[0]
 
 
 def test_parallel_layout_problems_name_the_flag():
