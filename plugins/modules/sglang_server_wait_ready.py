@@ -163,7 +163,7 @@ def main():
     )
     p = module.params
     unit = p["unit"]
-    next_progress = time.monotonic() + min(p["progress_every"], 5)
+    next_progress = time.monotonic()  # a first record at once: job_wait's first line has the phase
     state = unit_state(unit)
     started_mono_us = state["exec_main_start_monotonic_us"]
     started_at = time.time() - (monotonic_us() - started_mono_us) / 1e6 if started_mono_us else time.time()
