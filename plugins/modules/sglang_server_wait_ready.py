@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import json
-import os
 import time
+from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import write_json
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import (
     current_phase,
     http,
@@ -140,10 +140,8 @@ def write_progress(path: str, unit: str, invocation_id: str, started_at: float, 
         "phase": current_phase(timeline),
         "message": f"after {time.time() - started_at:.1f} s (/health {status or 'no answer'})",
     }
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as fh:
-        json.dump(record, fh)
-    os.replace(path + ".tmp", path)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_json(Path(path), record)
 
 
 def main():
