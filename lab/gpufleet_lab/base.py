@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -70,6 +71,16 @@ def ensure_base(cache_dir: Path, mirror: str = DEFAULT_MIRROR, log=print) -> Pat
     if marker.exists():
         return root
     cache_dir.mkdir(parents=True, exist_ok=True)
+    # Labs come up in parallel (make test runs Molecule scenarios and lab tests at once): one builds the base,
+    # the others wait for it here and then find it complete.
+    with open(cache_dir / f".base-{key}.lock", "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.exists():
+            return root
+        return _build_base(cache_dir, key, root, mirror, log)
+
+
+def _build_base(cache_dir: Path, key: str, root: Path, mirror: str, log) -> Path:
     tarball = cache_dir / f"base-{key}.tar.zst"
     if not tarball.exists():
         started = time.monotonic()

@@ -1,4 +1,4 @@
-"""Progress of a staging run (a JSON file the model_weights_wait action reads) and hub resume warnings."""
+"""Progress of a staging run (a JSON file the job_wait action prints) and hub resume warnings."""
 
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
 #!/usr/bin/python
-"""Ansible module: wait (one step) for the SGLang server to become ready, reporting its start-up phase."""
+"""Ansible module: wait for the SGLang server to become ready, writing its start-up phase as progress."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import write_json
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import (
     current_phase,
     http,
@@ -21,10 +23,11 @@ short_description: Wait for SGLang's /health to answer 200, reporting the start-
 description:
   - Polls C(/health) (503 while loading, 200 when ready) and reads the journal of this start of the unit
     (its InvocationID) to name the phase (loading weights, KV cache, capturing CUDA graphs, ready).
-  - Returns after at most I(step) seconds so the playbook can print a progress line, and at once when the
-    server is ready. Fails fast when the unit is no longer running (crash), when systemd restarted it
-    (another InvocationID or more NRestarts, a restart loop), or when I(timeout) seconds have passed since
-    the process started.
+  - Returns when the server is ready. Fails fast when the unit is no longer running (crash), when systemd
+    restarted it (another InvocationID or more NRestarts, a restart loop), or when I(timeout) seconds have
+    passed since the process started.
+  - Runs as an async job; every I(progress_every) seconds it writes a progress record (phase, elapsed time,
+    last /health status) to I(progress_file), which the gpufleet.fleet.job_wait action prints.
 options:
   unit:
     description: "systemd unit name (with .service)."
@@ -46,10 +49,13 @@ options:
     description: "Seconds since the process started after which the start has failed."
     type: float
     required: true
-  step:
-    description: "Return after this many seconds (progress line) when not ready yet."
+  progress_every:
+    description: "Seconds between progress records."
     type: float
     default: 30
+  progress_file:
+    description: "JSON progress record written every I(progress_every) seconds (phase, message)."
+    type: str
   poll:
     description: "/health poll interval in seconds."
     type: float
@@ -62,19 +68,30 @@ author: gpufleet
 """
 
 EXAMPLES = r"""
-- name: Wait for readiness (one step)
-  sglang_server_wait_ready:
+- name: Wait for readiness (async job)
+  gpufleet.fleet.sglang_server_wait_ready:
     unit: sglang-server.service
     url: http://127.0.0.1:8000/health
     invocation_id: "{{ started.unit.invocation_id }}"
     timeout: 1800
-    step: 30
+    progress_every: 30
+    progress_file: /run/gpufleet/sglang-server-ready.json
+  async: 1860
+  poll: 0
+  register: ready_job
+
+- name: Wait, printing the phase every 30 s
+  gpufleet.fleet.job_wait:
+    jid: "{{ ready_job.ansible_job_id }}"
+    what: sglang_server
+    progress_file: /run/gpufleet/sglang-server-ready.json
+    interval: 30
   register: ready
 """
 
 RETURN = r"""
 state:
-  description: "ready or waiting (failures fail the task)."
+  description: "ready (failures fail the task)."
   returned: always
   type: str
 phase:
@@ -116,6 +133,17 @@ journal_tail:
 """
 
 
+def write_progress(path: str, unit: str, invocation_id: str, started_at: float, status: int) -> None:
+    """The progress record job_wait prints: the phase from this start's journal, elapsed time, /health."""
+    timeline = phase_timeline(journal_lines(unit, invocation_id))
+    record = {
+        "phase": current_phase(timeline),
+        "message": f"after {time.time() - started_at:.1f} s (/health {status or 'no answer'})",
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_json(Path(path), record)
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -124,7 +152,8 @@ def main():
             "invocation_id": {"type": "str", "required": True},
             "n_restarts": {"type": "int", "default": 0},
             "timeout": {"type": "float", "required": True},
-            "step": {"type": "float", "default": 30.0},
+            "progress_every": {"type": "float", "default": 30.0},
+            "progress_file": {"type": "str"},
             "poll": {"type": "float", "default": 0.25},
             "tail_lines": {"type": "int", "default": 40},
         },
@@ -132,7 +161,7 @@ def main():
     )
     p = module.params
     unit = p["unit"]
-    step_started = time.monotonic()
+    next_progress = time.monotonic()  # a first record at once: job_wait's first line has the phase
     state = unit_state(unit)
     started_mono_us = state["exec_main_start_monotonic_us"]
     started_at = time.time() - (monotonic_us() - started_mono_us) / 1e6 if started_mono_us else time.time()
@@ -161,8 +190,9 @@ def main():
         if elapsed > p["timeout"]:
             failure = f"not ready {elapsed:.0f} s after the start (timeout {p['timeout']:.0f} s)"
             break
-        if time.monotonic() - step_started >= p["step"]:
-            break
+        if p["progress_file"] and time.monotonic() >= next_progress:
+            write_progress(p["progress_file"], unit, p["invocation_id"], started_at, status)
+            next_progress = time.monotonic() + p["progress_every"]
         time.sleep(p["poll"])
 
     entries = journal_lines(unit, p["invocation_id"])
@@ -179,6 +209,8 @@ def main():
         "started_at": round(started_at, 3),
         "unit_state": state,
     }
+    if p["progress_file"]:
+        write_progress(p["progress_file"], unit, p["invocation_id"], started_at, status)
     if ready_at:
         result["ready_at"] = round(ready_at, 3)
         logged = [t["at"] for t in timeline if t["phase"] == "ready"]

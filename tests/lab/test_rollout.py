@@ -29,7 +29,7 @@ from conftest import ROOT, lab, lab_json
 from lab_host import on
 
 sys.path.insert(0, str(ROOT / "tests/support"))
-from gpufleet_testinfra import playbook_env, run_playbook  # noqa: E402
+from gpufleet_testinfra import changed_tasks, playbook_env, recap, run_playbook  # noqa: E402
 
 NAME = "t-rollout"
 KEY = "gpufleet-lab-router-key-not-a-secret"  # the lab's router key (inventory/lab/group_vars)
@@ -194,6 +194,13 @@ def test_router_serves_the_fleet_and_keeps_its_key_out_of_argv(fleet):
                   "systemctl show smg-router; journalctl -u smg-router --no-pager")  # fmt: skip
     assert KEY not in seen
     assert on(gw, "stat -c '%a %U' /etc/smg-router/secrets.env").split() == ["600", "root"]
+    # A second run of the router stage changes nothing: same unit, same process, same workers.
+    pid = on(gw, "systemctl show -p MainPID --value smg-router").strip()
+    again = play("playbooks/router.yml")
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert recap(again.stdout)[GATEWAY]["changed"] == 0, changed_tasks(again.stdout)
+    assert on(gw, "systemctl show -p MainPID --value smg-router").strip() == pid
+    assert sorted(w["url"] for w in router_workers(gw["address"]) if w["is_healthy"]) == urls
 
 
 def test_plan_taking_the_last_healthy_worker_is_refused_before_any_change(fleet):

@@ -41,7 +41,7 @@ def test_groups_classes_router_and_multinode_server(inventory):
     assert sorted(inventory["rtx_pro_6000"]["hosts"]) == [f"rtxpro-0{i}" for i in range(1, 5)]
     assert sorted(inventory["h200"]["hosts"]) == [f"h200-0{i}" for i in range(1, 5)]
     assert inventory["glm5_h200_tp16"]["hosts"] == ["h200-03", "h200-04"]  # inventory order = node order
-    assert inventory["sglang_routers"]["hosts"] == ["gateway-01"]
+    assert inventory["fleet_routers"]["hosts"] == ["gateway-01"]  # the group playbooks/router.yml targets
     assert set(inventory["sglang_servers"]["children"]) >= {"rtx_pro_6000", "h200", "glm5", "glm5_h200_tp16"}
 
 
@@ -54,6 +54,9 @@ def test_secrets_only_in_the_encrypted_vault(inventory):
     for path in INV.rglob("*.yml"):
         if path.name != "vault.yml":
             assert "example-api-key" not in path.read_text(), path
+    gateway = inventory["_meta"]["hostvars"]["gateway-01"]  # the router role's own variable, from the vault
+    assert gateway["fleet_router_control_plane_api_key"] == "{{ vault_fleet_router_control_plane_api_key }}"
+    assert gateway["vault_fleet_router_control_plane_api_key"]
     refused = run(str(BIN / "ansible-inventory"), "-i", str(INV), "--list")
     assert refused.returncode != 0 and "vault" in refused.stderr.lower()
 
@@ -61,7 +64,8 @@ def test_secrets_only_in_the_encrypted_vault(inventory):
 def test_playbooks_pass_the_syntax_check():
     proc = run(
         str(BIN / "ansible-playbook"), "-i", str(INV), "--vault-password-file", str(PASSWORD),
-        "--syntax-check", "deploy.yml", "playbooks/restart.yml", "playbooks/rollback.yml",
+        "--syntax-check", "deploy.yml", "playbooks/restart.yml", "playbooks/rollback.yml", "playbooks/rollout.yml",
+        "playbooks/bench.yml",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

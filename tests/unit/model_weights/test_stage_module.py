@@ -170,11 +170,12 @@ def test_filter_and_human(stage_mod):
 def test_wait_plugin_progress_line():
     import importlib.util
 
-    path = Path(__file__).resolve().parents[3] / "plugins/action/model_weights_wait.py"
-    spec = importlib.util.spec_from_file_location("mw_wait", path)
+    path = Path(__file__).resolve().parents[3] / "plugins/action/job_wait.py"
+    spec = importlib.util.spec_from_file_location("job_wait", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     line = mod.progress_line(
+        "model_weights",
         "h1",
         "m@abc",
         {

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import time
 from pathlib import Path
 
 import pytest
 from ansible.executor.playbook_executor import PlaybookExecutor
-from ansible.module_utils.testing import patch_module_args
 from ansible_collections.gpufleet.fleet.plugins.filter import fleet_router, rollout
+from module_runner import run_module  # tests/support
 
 
 class _Play:
@@ -86,14 +85,7 @@ def test_extra_smg_flags():
 
 @pytest.fixture
 def lock(capsys):
-    mod = importlib.import_module("ansible_collections.gpufleet.fleet.plugins.modules.fleet_lock")
-
-    def _run(args: dict):
-        with patch_module_args(args), pytest.raises(SystemExit) as exc:
-            mod.main()
-        return json.loads(capsys.readouterr().out), exc.value.code != 0
-
-    return _run
+    return lambda args: run_module("ansible_collections.gpufleet.fleet.plugins.modules.fleet_lock", args, capsys)
 
 
 def test_a_held_lock_refuses_another_run_with_its_owner_and_age(lock, tmp_path):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
 from serving_bench_parse import ParseError, combine, parse_block, parse_json_lines, redact
+
+# Not imported from conftest: with several conftest modules, "conftest" may be another directory's.
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bench-serving"
 
 
 def read(name: str) -> str:

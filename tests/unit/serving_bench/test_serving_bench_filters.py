@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from conftest import FIXTURES
 from serving_bench import compare, config_hash, gate, gpu_class, input_problems, rank, unit_config
+
+# Not imported from conftest: with several conftest modules, "conftest" may be another directory's.
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bench-serving"
 
 UNIT = """[Service]
 EnvironmentFile=/etc/sglang-server/secrets.env

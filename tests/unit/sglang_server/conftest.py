@@ -6,13 +6,11 @@ fail_json) and whether it failed.
 
 from __future__ import annotations
 
-import importlib
-import json
 import sys
 from pathlib import Path
 
+import module_runner  # tests/support (on sys.path through tests/conftest.py)
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 REPO = Path(__file__).resolve().parents[3]
 ROLE = REPO / "roles" / "sglang_server"
@@ -32,15 +30,7 @@ if str(SIM_TESTS) not in sys.path:
 
 @pytest.fixture
 def run_module(capsys):
-    def _run(name: str, args: dict):
-        mod = importlib.import_module(name)
-        with patch_module_args(args), pytest.raises(SystemExit) as exc:
-            mod.main()
-        out = capsys.readouterr().out
-        result = json.loads(out[out.index("{") :])
-        return result, bool(result.get("failed")) or exc.value.code not in (0, None)
-
-    return _run
+    return lambda name, args: module_runner.run_module(name, args, capsys)
 
 
 @pytest.fixture

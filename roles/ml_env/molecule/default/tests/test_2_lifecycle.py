@@ -17,7 +17,8 @@ HOSTS = ("ml-env-a", "ml-env-b")
 
 def ansible_playbook(*args: str):
     env = {"ANSIBLE_GATHERING": "implicit", "ANSIBLE_CACHE_PLUGIN": "memory"}
-    return run_playbook(args[-1], *args[:-1], cwd=SCENARIO, env=env)
+    # error_cases.yml runs the role eight times: 5 min on a loaded 2-core machine, so a wider bound than 600 s
+    return run_playbook(args[-1], *args[:-1], cwd=SCENARIO, env=env, timeout=1500)
 
 
 def link(host, name: str) -> str:

@@ -4,6 +4,7 @@ fails its readiness wait; the rollback waits as long as the restored version nee
 ready_after_s and the ready_timeout_s it was proven under) and it serves again."""
 
 import json
+import re
 
 import pytest
 from sglang_molecule import LAB_ENV, UNIT_PATH, ask, health, props, report, run_playbook, serving
@@ -14,10 +15,22 @@ SHORT = 4  # the new version's readiness timeout: shorter than the slow version 
 
 
 @pytest.fixture(scope="module")
-def slow_good(host):
+def slow_good_run(host):
     rc, out = run_playbook("playbooks/deploy_server.yml", SLOW)
     assert rc == 0, out[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def slow_good(host, slow_good_run):
     return json.loads(host.file("/var/lib/gpufleet/sglang-server/last-good/manifest.json").content_string)
+
+
+def test_a_slow_start_prints_its_phase_while_the_playbook_waits(slow_good_run):
+    # job_wait's progress lines (every sglang_server_progress_interval_s, 5 s on the lab) name the phase
+    lines = re.findall(r"sglang_server \[sglang-01\] sglang-server.service: (.+)", slow_good_run)
+    assert lines, slow_good_run[-3000:]
+    assert all(re.search(r"after [\d.]+ s \(/health (503|no answer)\)", line) for line in lines), lines
 
 
 def test_last_good_records_what_it_needed(slow_good):

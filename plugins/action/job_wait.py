@@ -1,0 +1,159 @@
+"""Action plugin: wait for an async job on a host, printing its progress in the Ansible output.
+
+The one pattern for long waits in gpufleet (model staging, ml-env installs and kernel builds, the server's
+readiness): start the work as an async task (``async: N``, ``poll: 0``), then ``gpufleet.fleet.job_wait``
+polls the job (async_status) every ``poll`` seconds and, every ``interval`` seconds, prints one line per host
+read from the job's JSON progress file (``progress_file``) or from the tail of its log (``log_file``).
+Returns the job's own result, so the task fails with the module's message when the job failed; a job still
+running after ``timeout`` seconds fails with rc 124 and a message naming ``timeout_variable``.
+Documentation: plugins/modules/job_wait.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import human
+
+display = Display()
+
+ASYNC_KEYS = (
+    "ansible_job_id",
+    "started",
+    "finished",
+    "results_file",
+    "erased",
+)
+LOG_TAIL_CHARS = 4000
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def progress_line(what: str, host: str, label: str, p: dict) -> str:
+    """One progress line from a progress record.
+
+    A download record (phase ``download`` with bytes) reads
+    ``model_weights [h1] GLM-5: 1.2 GiB / 4.0 GiB (30%), 52.0 MiB/s, ETA 55s, files 1/4``; any other record
+    ``<what> [<host>] <label>: <phase> <message>``.
+    """
+    phase = p.get("phase", "?")
+    head = f"{what} [{host}] {label}".rstrip()
+    if phase != "download" or not p.get("bytes_total"):
+        return f"{head}: {phase} {p.get('message', '')}".rstrip()
+    done, total = p.get("bytes_done", 0), p["bytes_total"]
+    current = ", ".join(p.get("current") or [])
+    return (
+        f"{head}: {human(done, 1)} / {human(total, 1)} ({100 * done / total:.0f}%), "
+        f"{human(p.get('rate_bps') or 0, 1)}/s, ETA {duration(p.get('eta_s'))}, "
+        f"files {p.get('files_done', 0)}/{p.get('files_total', 0)}" + (f" ({current})" if current else "")
+    )
+
+
+def log_line(what: str, host: str, label: str, elapsed_s: float, tail: str) -> str:
+    """``ml_env [h1] uv pip sync: running 1m05s: <last line of the log>``."""
+    last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "(no output yet)")
+    return f"{what} [{host}] {label}: running {duration(elapsed_s)}: {last[:200]}".rstrip()
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(
+        ("jid", "progress_file", "log_file", "interval", "poll", "timeout", "timeout_variable", "label", "what")
+    )
+
+    def _status(self, jid: str, async_dir: str, task_vars: dict, mode: str = "status") -> dict:
+        return self._execute_module(
+            module_name="ansible.legacy.async_status",
+            module_args={"jid": jid, "mode": mode, "_async_dir": async_dir},
+            task_vars=task_vars,
+        )
+
+    def _progress(self, path: str, task_vars: dict) -> dict | None:
+        res = self._execute_module(module_name="ansible.legacy.slurp", module_args={"src": path}, task_vars=task_vars)
+        if res.get("failed") or "content" not in res:
+            return None
+        try:
+            return json.loads(base64.b64decode(res["content"]))
+        except ValueError:
+            return None
+
+    def _log_tail(self, path: str, task_vars: dict) -> str:
+        res = self._execute_module(
+            module_name="ansible.legacy.command",
+            module_args={"argv": ["tail", "-c", str(LOG_TAIL_CHARS), path]},
+            task_vars=task_vars,
+        )
+        return res.get("stdout", "") if res.get("rc") == 0 else ""
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        _, args = self.validate_argument_spec(
+            argument_spec={
+                "jid": {"type": "str", "required": True},
+                "progress_file": {"type": "str"},
+                "log_file": {"type": "str"},
+                "interval": {"type": "int", "default": 30},
+                "poll": {"type": "float", "default": 2.0},
+                "timeout": {"type": "int", "default": 86400},
+                "timeout_variable": {"type": "str", "default": "timeout"},
+                "label": {"type": "str", "default": ""},
+                "what": {"type": "str", "required": True},
+            },
+            mutually_exclusive=[("progress_file", "log_file")],
+        )
+        if self._task.check_mode:
+            result.update(skipped=True, msg="nothing to wait for in check mode")
+            return result
+        host = task_vars.get("inventory_hostname", "?")
+        async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
+        started = time.monotonic()
+        next_print = started + min(args["interval"], 5)
+        last = None
+        while True:
+            status = self._status(args["jid"], async_dir, task_vars)
+            if status.get("finished") or (status.get("failed") and not status.get("started")):
+                break
+            now = time.monotonic()
+            if now - started > args["timeout"]:
+                result.update(
+                    failed=True,
+                    rc=124,
+                    msg=(
+                        f"{args['what']}: {args['label'] or 'the job'} did not finish within {args['timeout']} s "
+                        f"({args['timeout_variable']}); it goes on on the host until its async limit"
+                    ),
+                )
+                break
+            if now >= next_print:
+                if args.get("progress_file"):
+                    last = self._progress(args["progress_file"], task_vars) or last
+                    if last:
+                        display.display(progress_line(args["what"], host, args["label"], last))
+                elif args.get("log_file"):
+                    tail = self._log_tail(args["log_file"], task_vars)
+                    display.display(log_line(args["what"], host, args["label"], now - started, tail))
+                next_print = now + args["interval"]
+            time.sleep(args["poll"])
+        if not result.get("failed"):
+            self._status(args["jid"], async_dir, task_vars, mode="cleanup")
+            for key in ASYNC_KEYS:
+                status.pop(key, None)
+            result.update(status)
+        if args.get("progress_file"):
+            last = self._progress(args["progress_file"], task_vars) or last
+            result["progress"] = last
+        if args.get("log_file"):
+            result["log_tail"] = self._log_tail(args["log_file"], task_vars)
+        result["waited_s"] = round(time.monotonic() - started, 1)
+        return result
