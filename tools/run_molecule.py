@@ -5,7 +5,8 @@ Scenarios live in molecule/<name>/ (project-wide) and roles/<role>/molecule/<nam
 longest first (last measured durations, else the committed estimates in tools/molecule_durations.json).
 Each scenario's whole output goes to .cache/molecule-logs/<scenario>.log; the console gets one line per
 start and finish. All run even when one fails; at the end the full log of every failed scenario is
-printed, then the summary (each scenario's time) and `N passed, N failed`; the exit status is non-zero
+printed, then the summary (each scenario's time), the lines of each failed log that say why, and
+`N passed, N failed`; the exit status is non-zero
 if any failed.
 
 What keeps parallel scenarios apart: each has its own lab (molecule/shared/create.yml names it from
@@ -116,6 +117,23 @@ def scenario_env(scenario: Scenario) -> dict[str, str]:
     )
     env["PATH"] = f"{ROOT / '.venv' / 'bin'}:{env.get('PATH', '')}"
     return env
+
+
+# Lines of a scenario's log that say why it failed: pytest's assertion lines and summary, Ansible's failures.
+WHY_PREFIXES = ("E   ", "FAILED ", "ERROR ", "fatal: [", "failed: [", "    msg: ", "  msg: ", "CRITICAL ")
+WHY_LINES = 12
+
+
+def why_failed(text: str) -> list[str]:
+    """The first lines of a failed scenario's log that say why (the log's time stamps stripped)."""
+    why = []
+    for line in text.splitlines():
+        body = line.split("] ", 1)[1] if line.startswith("[") and "] " in line else line
+        if body.startswith(WHY_PREFIXES):
+            why.append(body[:300])
+            if len(why) == WHY_LINES:
+                break
+    return why
 
 
 def fmt(seconds: float) -> str:
@@ -235,6 +253,11 @@ def main(argv: list[str]) -> int:
     for result in sorted(results, key=lambda r: -r.seconds):
         verdict = "PASS" if result.rc == 0 else "SKIP" if result.rc is None else "FAIL"
         print(f"  {verdict}  {result.scenario.label:<45} {fmt(result.seconds):>7}")
+    # Why each failed, again at the very end: a CI log is often read from its tail only.
+    for result in (r for r in failed if r.rc is not None):
+        print(f"why {result.scenario.label} failed (first lines; whole log above):")
+        for line in why_failed(result.log.read_text(errors="replace")) or ["(no failure line found in the log)"]:
+            print(f"    {line}")
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed", flush=True)
     if runner.stopping:
         return 130

@@ -30,6 +30,7 @@ UNIT_PROPS = (
     "SubState",
     "Result",
     "MainPID",
+    "ExecMainPID",
     "NRestarts",
     "InvocationID",
     "ExecMainStartTimestamp",
@@ -78,6 +79,8 @@ def unit_state(unit, runner=run):
         "sub_state": props.get("SubState", ""),
         "result": props.get("Result", ""),
         "main_pid": int(props.get("MainPID") or 0),
+        # the start's main process, kept after it exited (MainPID is 0 then): its stdout lines carry it as _PID
+        "exec_main_pid": int(props.get("ExecMainPID") or 0),
         "n_restarts": int(props.get("NRestarts") or 0),
         "invocation_id": props.get("InvocationID", ""),
         "exec_main_start": props.get("ExecMainStartTimestamp", ""),
@@ -253,10 +256,26 @@ def listeners(port, runner=run):
     return result
 
 
-def journal_lines(unit, invocation_id=None, runner=run, lines=None):
-    """``[(epoch_seconds, message)]`` of one start of the unit (its InvocationID), oldest first."""
-    argv = ["journalctl", "--no-pager", "-o", "json"]
-    argv += [f"_SYSTEMD_INVOCATION_ID={invocation_id}"] if invocation_id else ["-u", unit, "-b"]
+def journal_match(unit, invocation_id=None, main_pid=0, since=None):
+    """journalctl matches for the lines of one start of the unit.
+
+    Its InvocationID, or else the unit in this boot; and, OR-ed in, its main process (``_PID`` since the
+    start). journald attributes a stdout line to the unit and invocation by reading the writer's cgroup from
+    /proc when it handles the line; a process that crashes at once (a CUDA init failure) has often exited by
+    then, and its last lines carry ``_PID`` but no ``_SYSTEMD_UNIT``/``_SYSTEMD_INVOCATION_ID`` (systemd issue
+    2913; systemd PR 33021 stops using ``journalctl -u`` for such lines). Found by the lab under load: the
+    excerpt of a crash-on-start missed its traceback."""
+    match = [f"_SYSTEMD_INVOCATION_ID={invocation_id}"] if invocation_id else ["-u", unit, "-b"]
+    if main_pid:
+        match += ["+", f"_PID={int(main_pid)}"]
+        if since:
+            match += [f"--since=@{int(since)}"]
+    return match
+
+
+def journal_lines(unit, invocation_id=None, runner=run, lines=None, main_pid=0, since=None):
+    """``[(epoch_seconds, message)]`` of one start of the unit (journal_match), oldest first."""
+    argv = ["journalctl", "--no-pager", "-o", "json"] + journal_match(unit, invocation_id, main_pid, since)
     if lines:
         argv += ["-n", str(int(lines))]
     rc, out, _err = runner(argv, timeout=60)

@@ -195,7 +195,11 @@ def main():
             next_progress = time.monotonic() + p["progress_every"]
         time.sleep(p["poll"])
 
-    entries = journal_lines(unit, p["invocation_id"])
+    # the start's main process too: a crash at once leaves lines journald could not tie to the unit
+    same_start = state["invocation_id"] == p["invocation_id"]
+    entries = journal_lines(
+        unit, p["invocation_id"], main_pid=state.get("exec_main_pid", 0) if same_start else 0, since=started_at - 1
+    )
     timeline = phase_timeline(entries)
     for item in timeline:
         item["after_s"] = round(item["at"] - started_at, 3)

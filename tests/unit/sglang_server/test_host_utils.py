@@ -264,6 +264,23 @@ def test_journal_lines_of_one_start_and_its_phase_timeline():
     assert h.current_phase([]) == "process started"
 
 
+def test_journal_lines_of_a_start_also_match_its_main_process():
+    """A process that crashes at once leaves lines journald could not tie to the unit (it read the cgroup after
+    the exit): they carry only _PID. The start's lines are its invocation OR its main process since it started."""
+    calls = []
+    inv = "fbf24427cb1d4dae8c4ac9fbdc5a171c"
+    line = json.dumps({"__REALTIME_TIMESTAMP": "1764521684000000", "_PID": "4242", "MESSAGE": "RuntimeError: x"})
+    argv = (
+        "journalctl", "--no-pager", "-o", "json",
+        f"_SYSTEMD_INVOCATION_ID={inv}", "+", "_PID=4242", "--since=@1764521683",
+    )  # fmt: skip
+    entries = h.journal_lines(UNIT, inv, runner=replay({argv: line}, calls), main_pid=4242, since=1764521683.6)
+    assert calls == [list(argv)]
+    assert entries == [(1764521684.0, "RuntimeError: x")]
+    # no main process known (0): the invocation alone, as before
+    assert h.journal_match(UNIT, inv, 0, 1764521683.6) == [f"_SYSTEMD_INVOCATION_ID={inv}"]
+
+
 def test_journal_lines_decode_binary_messages_and_skip_bad_lines():
     argv = ("journalctl", "--no-pager", "-o", "json", "-u", UNIT, "-b", "-n", "5")
     raw = "\n".join(

@@ -35,6 +35,8 @@ if name.startswith("meet-"):
         time.sleep(0.05)
 if name == "bad":
     print("BAD-SCENARIO-DETAIL: converge failed on purpose", flush=True)
+    print("fatal: [sglang-01]: FAILED! => the converge failed on purpose", flush=True)
+    print("E   assert 'is no longer running' in out", flush=True)
     sys.exit(3)
 """
 
@@ -140,6 +142,11 @@ def test_a_failure_prints_its_whole_log_and_the_count(project, capsys):
     assert "fake molecule playing good" not in out  # passing logs stay in their files
     summary = out[out.index("Molecule scenarios (") :]
     assert "FAIL  roles/role1:bad" in summary and "PASS  roles/role1:good" in summary
+    # the lines that say why come again after the table (a CI log is read from its tail)
+    why = summary[summary.index("why roles/role1:bad failed") :]
+    assert "    fatal: [sglang-01]: FAILED! => the converge failed on purpose" in why
+    assert "    E   assert 'is no longer running' in out" in why
+    assert "BAD-SCENARIO-DETAIL" not in why
     assert out.rstrip().endswith("1 passed, 1 failed")
     # Failed runs do not overwrite the last good duration.
     assert "roles/role1:bad" not in json.loads(project.DURATIONS_FILE.read_text())
