@@ -32,6 +32,24 @@ options:
   break_lock: {type: bool, default: false, description: Replace a lock held by another run.}
 """
 
+EXAMPLES = r"""
+- name: Take the fleet's run lock on the gateway host (refused with the holder's run id, owner and age)
+  gpufleet.fleet.fleet_lock:
+    path: /var/lib/gpufleet/locks/rollout-fleet.lock
+    state: acquired
+    run_id: "{{ rollout_run_id }}"
+    owner: {user: "{{ lookup('env', 'USER') }}", controller: "{{ lookup('pipe', 'hostname') }}"}
+    stale_after_s: 7200
+  delegate_to: gateway-01
+
+- name: Give it back at the end of the run
+  gpufleet.fleet.fleet_lock:
+    path: /var/lib/gpufleet/locks/rollout-fleet.lock
+    state: released
+    run_id: "{{ rollout_run_id }}"
+  delegate_to: gateway-01
+"""
+
 RETURN = r"""
 lock: {type: dict, description: The lock's content after the call (empty when there is none).}
 broken: {type: dict, description: The lock that was broken (break_lock), else empty.}

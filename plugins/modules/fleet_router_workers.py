@@ -34,6 +34,24 @@ options:
   http_timeout: {type: int, default: 10, description: Seconds per API call.}
 """
 
+EXAMPLES = r"""
+- name: Take a worker out of the router (waits until the router no longer lists it)
+  gpufleet.fleet.fleet_router_workers:
+    api_url: http://127.0.0.1:30000
+    api_key: "{{ fleet_router_control_plane_api_key }}"
+    state: absent
+    urls: [http://10.0.0.11:8000]
+  delegate_to: gateway-01
+
+- name: Add it back once it is healthy (waits until the router lists it healthy)
+  gpufleet.fleet.fleet_router_workers:
+    api_url: http://127.0.0.1:30000
+    api_key: "{{ fleet_router_control_plane_api_key }}"
+    state: present
+    urls: [http://10.0.0.11:8000]
+  delegate_to: gateway-01
+"""
+
 RETURN = r"""
 workers: {type: list, description: The router's workers at the end (id, url, model_id, is_healthy, status).}
 added: {type: list, description: URLs added.}

@@ -7,7 +7,7 @@ DOCUMENTATION = r"""
 module: job_wait
 short_description: Wait for an async job on a host, printing its progress at intervals
 description:
-  - The one pattern for long waits in this collection. Start the work as an async task (C(async), C(poll: 0)),
+  - The one pattern for long waits in this collection. Start the work as an async task (C(async), C(poll=0)),
     then this action (it runs on the controller) polls the job every O(poll) seconds and, every O(interval)
     seconds, prints a line per host, read from the job's JSON progress file (O(progress_file)) or from the
     last line of its log (O(log_file)).

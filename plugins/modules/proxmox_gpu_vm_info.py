@@ -32,6 +32,19 @@ extends_documentation_fragment:
 author: gpufleet
 """
 
+EXAMPLES = r"""
+- name: Read the cluster's VMs, the nodes' PCI devices and two VMs' configuration (GET only)
+  gpufleet.fleet.proxmox_gpu_vm_info:
+    api_host: pve1.example.com
+    api_user: gpufleet@pve
+    api_token_id: gpufleet
+    api_token_secret: "{{ vault_proxmox_token_secret }}"
+    nodes: [pve1]
+    vmids: [9101, 9102]
+  delegate_to: localhost
+  register: cluster
+"""
+
 RETURN = r"""
 cluster:
   description: vms (cluster resources), pci (node -> devices), mappings, configs/pending/status/agent_ip by vmid.

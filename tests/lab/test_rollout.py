@@ -249,6 +249,12 @@ def test_rollout_under_load_has_zero_failed_requests_and_a_second_rollout_is_ref
     assert load.ok["stream"] >= 8 and load.ok["plain"] >= 20, load.ok
     report = json.loads((WORK / "reports/rollout/last.json").read_text())
     assert report["result"] == "ok" and set(report["hosts"].values()) == {"updated"}
+    # The rollout's own cost per batch, split from the engine's warm-up (benchmarks/suite/fleet_rollout.py reads it).
+    timings = report["batch_timings"]
+    assert [t["hosts"] for t in timings] == [SERVERS[:1], SERVERS[1:]], timings
+    for t in timings:
+        assert 0 < t["engine_start_to_ready_s"] < t["wall_s"], t
+        assert t["overhead_s"] == pytest.approx(t["wall_s"] - t["engine_start_to_ready_s"], abs=0.01), t
     # Long requests were in flight at each worker's removal from the router (and none failed).
     assert all(report["drain"][h]["in_flight_at_removal"] >= 1 for h in SERVERS), report["drain"]
     for h in SERVERS:

@@ -1,0 +1,188 @@
+"""Fleet benchmarks of issues 14 and 15 on one lab: no-op `deploy.yml` and no-op `playbooks/rollout.yml` on 1
+and on N server hosts, and a real rollout's overhead per batch split from the engine's warm-up.
+
+    python benchmarks/suite/fleet_rollout.py [--hosts 8] [--repeats 2] [--keep-lab]
+        [--output benchmarks/results/fleet_rollout.json]
+
+One lab `perf-fleet` (N server hosts with simulated GPUs + 1 gateway host running the router), its inventory in
+tmp/perf-fleet (two levels under the project, so the lab group_vars' paths resolve), the lab's equipment (CUDA
+mirror, test hub, wheelhouses) as `make deploy` uses it. Steps:
+
+1. first `deploy.yml` on every host (all servers restart at once: `sglang_server_serial=N`);
+2. no-op `deploy.yml` limited to one server host, then to every server host (`-l sglang_servers`; the gateway
+   stage has no host in either run), alternating, `--repeats` times each: best wall time and the ratio
+   N hosts / 1 host (issue 15's goal: at most 1.5);
+3. no-op `rollout.yml` (its default batches `[1, "25%", "100%"]`) on one server host, then on every one;
+4. a real rollout of a flag change (`chunked-prefill-size`) in batches of 1, 2 and the rest: per batch the
+   rollout report's `batch_timings` (wall time from the batch's start to its gate, the slowest engine
+   start-to-ready of the batch, and the difference, the rollout's own overhead; goal: flat as hosts are added).
+
+Every figure is a wall time on this machine, recorded with the load average at the start; the ratios are
+measured in the same run. JSON in benchmarks/results/fleet_rollout.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = "perf-fleet"
+WORK = ROOT / "tmp" / LAB
+GATEWAY = f"{LAB}-router-01"
+LAB_ENV = dict(os.environ, PYTHONPATH=str(ROOT / "lab"), HF_HUB_OFFLINE="1")
+PLAY_ENV = dict(
+    LAB_ENV,
+    ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+    ANSIBLE_FORCE_COLOR="0",
+    # this lab's facts apart from the default lab's (host names differ, but the cache folder is shared)
+    ANSIBLE_CACHE_PLUGIN_CONNECTION=str(WORK / "facts"),
+)
+REPORTS = {
+    "sglang_server_report_dir": str(WORK / "reports/deploy"),
+    "rollout_deploy_report_dir": str(WORK / "reports/deploy"),
+    "rollout_report_dir": str(WORK / "reports/rollout"),
+}
+
+
+def lab(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpufleet_lab", "--name", LAB, *args],
+        env=LAB_ENV, capture_output=True, text=True, check=False, timeout=900,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise SystemExit(f"gpufleet_lab {' '.join(args)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+def playbook(name: str, *args: str, extra: dict | None = None, expect_ok: bool = True) -> tuple[float, str]:
+    """Wall time and output of one ansible-playbook run on the bench lab's inventory."""
+    vars_file = WORK / f"extra-{time.monotonic_ns()}.json"
+    vars_file.write_text(json.dumps({**REPORTS, **(extra or {})}))
+    argv = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(WORK / "hosts.yml"), "-e", f"@{vars_file}", name]
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [*argv, *args], cwd=ROOT, env=PLAY_ENV, capture_output=True, text=True, check=False, timeout=3600
+    )
+    wall = time.perf_counter() - started
+    (WORK / f"{Path(name).stem}-{time.monotonic_ns()}.log").write_text(proc.stdout + proc.stderr)
+    if expect_ok and proc.returncode != 0:
+        raise SystemExit(f"{name} {' '.join(args)} failed (rc {proc.returncode}):\n{proc.stdout[-4000:]}")
+    return wall, proc.stdout
+
+
+def recap_changed(stdout: str) -> dict[str, int]:
+    """{host: changed=} of the PLAY RECAP."""
+    changed = {}
+    for line in stdout.split("PLAY RECAP")[-1].splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[1] == ":":
+            fields = dict(p.split("=", 1) for p in parts[2:] if "=" in p)
+            changed[parts[0]] = int(fields.get("changed", 0))
+    return changed
+
+
+def noop_pair(playbook_name: str, one: str, many: str, repeats: int, extra: dict | None = None) -> dict:
+    """Best no-op wall time limited to one host and to many, alternating; the ratio; what changed (must be 0)."""
+    samples: dict[str, list[float]] = {"one": [], "many": []}
+    changed: dict[str, dict] = {}
+    for _ in range(repeats):
+        for key, limit in (("one", one), ("many", many)):
+            wall, out = playbook(playbook_name, "-l", limit, extra=extra)
+            samples[key].append(round(wall, 2))
+            changed[key] = {h: c for h, c in recap_changed(out).items() if c}
+    best = {k: min(v) for k, v in samples.items()}
+    return {
+        "limit_one": one,
+        "limit_many": many,
+        "one_host_s": {"best": best["one"], "samples": samples["one"]},
+        "many_hosts_s": {"best": best["many"], "samples": samples["many"]},
+        "many_over_one": round(best["many"] / best["one"], 2),
+        "changed_tasks_by_host": changed,  # a no-op changes nothing (report folders aside)
+    }
+
+
+def batches_for(hosts: int) -> list[int]:
+    """Batches of 1, 2, then the rest (as many as the hosts allow)."""
+    sizes, left = [], hosts
+    for size in (1, 2):
+        if left > 1:
+            sizes.append(size)
+            left -= size
+    return [*sizes, left] if left else sizes
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hosts", type=int, default=8, help="server hosts (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--keep-lab", action="store_true", help="leave the lab up (inventory tmp/perf-fleet)")
+    parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "fleet_rollout.json"))
+    args = parser.parse_args(argv)
+    if args.hosts < 2:
+        parser.error("--hosts must be at least 2 (one host against many)")
+    out: dict = {
+        "command": "python benchmarks/suite/fleet_rollout.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "loadavg_at_start": round(os.getloadavg()[0], 2)},
+        "lab": {"server_hosts": args.hosts, "gateway_hosts": 1, "engine": "simulated (lab/sglang-sim)"},
+    }
+    subprocess.run(["make", "-s", "lab-wheelhouse", "router-wheelhouse"], cwd=ROOT, check=True, timeout=1800)
+    lab("down")
+    WORK.mkdir(parents=True, exist_ok=True)
+    link = WORK / "group_vars"
+    if not link.is_symlink():
+        link.symlink_to(ROOT / "inventory/lab/group_vars")
+    try:
+        started = time.perf_counter()
+        lab("up", "--hosts", str(args.hosts), "--routers", "1", "--inventory", str(WORK / "hosts.yml"))
+        lab("cuda-mirror", "up")
+        lab("testhub", "up")
+        out["lab_up_with_equipment_s"] = round(time.perf_counter() - started, 2)
+        first, first_out = playbook("deploy.yml", extra={"sglang_server_serial": args.hosts})
+        out["first_deploy_s"] = round(first, 2)
+        one = f"{LAB}-01"
+        out["noop_deploy"] = noop_pair("deploy.yml", one, "sglang_servers", args.repeats)
+        out["noop_rollout"] = noop_pair("playbooks/rollout.yml", one, "sglang_servers", args.repeats)
+        sizes = batches_for(args.hosts)
+        extra = {
+            "rollout_serial": sizes,
+            "rollout_max_unavailable": max(sizes),
+            "sglang_server_args_host": {"chunked-prefill-size": 4096},
+        }
+        wall, _ = playbook("playbooks/rollout.yml", extra=extra)
+        report = json.loads((WORK / "reports/rollout/last.json").read_text())
+        if report["result"] != "ok":
+            raise SystemExit(f"the real rollout did not end ok: {json.dumps(report)[:3000]}")
+        out["rollout"] = {
+            "change": "sglang_server_args_host chunked-prefill-size 4096",
+            "serial": sizes,
+            "wall_s": round(wall, 2),
+            "batch_timings": report["batch_timings"],
+            "hosts": report["hosts"],
+        }
+    finally:
+        if not args.keep_lab:
+            lab("down")
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
+    nd, nr = out["noop_deploy"], out["noop_rollout"]
+    print(f"no-op deploy.yml:  1 host {nd['one_host_s']['best']} s, {args.hosts} hosts {nd['many_hosts_s']['best']} s "
+          f"({nd['many_over_one']}x; goal 1.5x)")  # fmt: skip
+    print(f"no-op rollout.yml: 1 host {nr['one_host_s']['best']} s, {args.hosts} hosts {nr['many_hosts_s']['best']} s "
+          f"({nr['many_over_one']}x)")  # fmt: skip
+    print(f"rollout of a flag change in batches {sizes}: {out['rollout']['wall_s']} s")
+    for t in out["rollout"]["batch_timings"]:
+        print(f"  batch {t['batch']} ({len(t['hosts'])} hosts): wall {t['wall_s']} s = engine warm-up "
+              f"{t['engine_start_to_ready_s']} s + rollout overhead {t['overhead_s']} s")  # fmt: skip
+    print(f"saved {args.output}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
