@@ -1,4 +1,4 @@
-"""Issue 12, rows 1, 4, 5, 7, 8 on a lab host with a healthy server: bad input is refused before anything
+"""Issue 12, rows 1, 2, 4, 5, 7, 8 on a lab host with a healthy server: bad input is refused before anything
 changes, naming the variable; a removed API key leaves no copy on the host.
 
 One lab host, prepared like the sglang_server scenarios (roles/sglang_server/molecule/shared/prepare.yml:
@@ -106,6 +106,18 @@ def test_row4_bad_serial_is_refused_naming_it_before_any_stage(ctx):
         ctx, "deploy.yml", {"sglang_server_serial": "abc"}, 'sglang_server_serial="abc" is out of range'
     )
     assert "Traceback" not in out and "Unexpected Exception" not in out
+
+
+def test_row2_an_nccl_variable_in_the_server_environment_is_refused_naming_the_one_path(ctx):
+    # The issue's command: deploy.yml with NCCL_SHM_DISABLE in sglang_server_environment was accepted silently (the
+    # unit got it, the report left it out); NCCL variables have one path, gpu_facts_nccl_env_overrides, and its guard.
+    refused_untouched(
+        ctx,
+        "deploy.yml",
+        {"sglang_server_environment": {"NCCL_SHM_DISABLE": "1"}},
+        "sglang_server_environment sets NCCL_SHM_DISABLE",
+        "move NCCL_SHM_DISABLE from sglang_server_environment to gpu_facts_nccl_env_overrides",
+    )
 
 
 def test_row5_bad_flags_and_a_taken_port_are_refused_in_preflight(ctx):

@@ -3,8 +3,12 @@ the real playbook (captured); the host must fail with a clear message naming the
 version must be what serves again (the engine process runs the last-good release, flags and environment,
 and answers correctly), and the report must record the rollback with the failed start's own journal.
 
+The scenario `faults` runs them for every kind of FAULTS in turn on one host (its conftest parametrizes
+`fault`); each kind starts from the good version the previous kind's rollback restored.
+
 GPUFLEET_FAULT_AUTO_ROLLBACK=false runs the bad deploy with sglang_server_auto_rollback=false: these tests
-must then fail (proof that they test the rollback, docs/sglang-server.md)."""
+must then fail (proof that they test the rollback, docs/sglang-server.md; in `faults` the first kind fails and
+the later ones error, since the good version no longer serves when they start)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fault wrong-answer: the host fails clearly, the previous version serves again, the report records the rollback."""
+"""Every fault kind: the host fails clearly, the previous version serves again, the report records the rollback."""
 
 from fault_common import (  # noqa: F401  (fixtures and tests)
     bad_deploy,

@@ -1,19 +1,10 @@
-"""Fault port-taken: the host fails clearly, the previous version serves again, the report records the rollback."""
+"""A real conflict: another program listens on the new port; the deploy is refused, nothing is stopped."""
 
-import pytest
-from fault_common import (  # noqa: F401  (fixtures and tests)
-    bad_deploy,
-    test_host_failed_with_a_clear_message,
-    test_previous_version_serves_and_is_healthy,
-    test_report_records_the_rollback,
-)
+from sglang_molecule import health, props, report, run_playbook
 
 
-@pytest.mark.usefixtures("bad_deploy")
 def test_a_port_held_by_another_program_is_refused_before_the_stop(host):
-    """A real conflict: another program listens on the new port; the deploy is refused, nothing stopped."""
-    from sglang_molecule import health, props, report, run_playbook
-
+    assert health(host) == "200"
     host.run("systemd-run --unit foreign-listener -p Type=simple python3 -m http.server 8001 --bind 0.0.0.0")
     host.run("for i in $(seq 50); do ss -ltn 'sport = :8001' | grep -q LISTEN && break; sleep 0.1; done")
     before = props(host)
