@@ -1,8 +1,7 @@
-"""Import the serving_bench module_utils, modules and filters as Ansible would."""
+"""Import the serving_bench module (plugins/modules) as Ansible would; module_utils and filters: the collection."""
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +12,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 ROLE = REPO / "roles" / "serving_bench"
 FIXTURES = REPO / "tests" / "unit" / "fixtures" / "bench-serving"
-for sub in ("module_utils", "library", "filter_plugins"):
-    if str(ROLE / sub) not in sys.path:
-        sys.path.insert(0, str(ROLE / sub))
-_parse = importlib.import_module("serving_bench_parse")
-sys.modules.setdefault("ansible.module_utils.serving_bench_parse", _parse)
-sys.modules.setdefault("ansible.module_utils.serving_bench_sweep", importlib.import_module("serving_bench_sweep"))
+# The module is imported by its file name from plugins/modules; it imports module_utils as Ansible does
+# (ansible_collections.gpufleet.fleet.plugins.module_utils.*, importable through tests/conftest.py).
+MODULES = REPO / "plugins" / "modules"
+if str(MODULES) not in sys.path:
+    sys.path.insert(0, str(MODULES))
 SIM_TESTS = REPO / "tests" / "unit" / "sglang_sim"
 if str(SIM_TESTS) not in sys.path:
     sys.path.insert(0, str(SIM_TESTS))

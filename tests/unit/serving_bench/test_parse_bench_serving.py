@@ -6,7 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from serving_bench_parse import ParseError, combine, parse_block, parse_json_lines, redact
+from ansible_collections.gpufleet.fleet.plugins.module_utils.serving_bench_parse import (
+    ParseError,
+    combine,
+    parse_block,
+    parse_json_lines,
+    redact,
+)
 
 # Not imported from conftest: with several conftest modules, "conftest" may be another directory's.
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bench-serving"

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from serving_bench import compare, config_hash, gate, gpu_class, input_problems, rank, unit_config
+from ansible_collections.gpufleet.fleet.plugins.filter.serving_bench import (
+    compare,
+    config_hash,
+    gate,
+    gpu_class,
+    input_problems,
+    rank,
+    unit_config,
+)
 
 # Not imported from conftest: with several conftest modules, "conftest" may be another directory's.
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bench-serving"

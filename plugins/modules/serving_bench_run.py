@@ -10,9 +10,15 @@ import subprocess
 import time
 from pathlib import Path
 
-from ansible.module_utils import serving_bench_sweep
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.serving_bench_parse import ParseError, combine, parse_block, parse_json_lines, redact
+from ansible_collections.gpufleet.fleet.plugins.module_utils import serving_bench_sweep
+from ansible_collections.gpufleet.fleet.plugins.module_utils.serving_bench_parse import (
+    ParseError,
+    combine,
+    parse_block,
+    parse_json_lines,
+    redact,
+)
 
 DOCUMENTATION = r"""
 module: serving_bench_run
@@ -49,6 +55,20 @@ options:
   output_dir: {description: "Controller directory for the raw outputs.", type: path, required: true}
   timeout_s: {description: "Limit for one run (the sweep gets this times the number of runs).", type: int, default: 900}
   extra_args: {description: "More bench_serving arguments.", type: list, elements: str, default: []}
+"""
+
+EXAMPLES = r"""
+- name: Sweep one server at 16, 32 and 64 concurrent requests from the controller
+  gpufleet.fleet.serving_bench_run:
+    python: "{{ playbook_dir }}/../.cache/bench-client/venv/bin/python"
+    base_url: http://10.0.0.11:8000
+    concurrencies: [16, 32, 64]
+    tokenizer_dir: /var/cache/gpufleet/tokenizers/gpu-01
+    served_model_name: glm-5
+    api_key: "{{ sglang_server_api_key }}"
+    output_dir: reports/bench/gpu-01/run-1
+  delegate_to: localhost
+  register: sweep
 """
 
 RETURN = r"""
