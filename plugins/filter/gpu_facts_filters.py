@@ -552,13 +552,33 @@ def _check_parallelism(c):
 
 def _check_gpus_idle(c):
     """The GPUs are idle or held only by our own service units."""
-    host, facts, s, errors, summary = (c.host, c.facts, c.s, c.errors, c.summary)
+    host, facts, s, errors, warnings, summary = (c.host, c.facts, c.s, c.errors, c.warnings, c.summary)
     own = set(s.get("own_units") or [])
     idle_mib = int(s.get("idle_memory_mib", 512))
+    # The server stage frees leaked memory itself when the user enabled a remedy (sglang_server_held_memory_*):
+    # memory of gone processes or of no process is then left to it (a warning), a live foreign process is not.
+    remedy = s.get("leaked_memory_remedy") or ""
+    leaks = warnings if remedy else errors
     processes = facts.get("processes") or []
     foreign = [p for p in processes if p.get("unit") not in own or not own]
     ours = [p for p in processes if own and p.get("unit") in own]
     summary["own_processes"] = [f"{p.get('pid')} {p.get('name')} ({p.get('unit')})" for p in ours]
+    if remedy:
+        gone = gpu_holders([p for p in foreign if not p.get("alive", True)])
+        foreign = [p for p in foreign if p.get("alive", True)]
+        if gone:
+            leaks.append(
+                _problem(
+                    host,
+                    "gpus_leaked",
+                    "GPU memory of processes that are gone: "
+                    + "; ".join(describe_holder(h) for h in gone[:8])
+                    + f". Left to the server stage's remedy ({remedy}), which frees it after the stop",
+                    f"gpu_facts.processes ({len(gone)} gone process(es))",
+                    f"gpu_facts_leaked_memory_remedy={remedy}",
+                    "nothing: the remedy runs when the server stops; disable it to be refused here instead",
+                )
+            )
     if foreign:
         holders = gpu_holders(foreign)
         listed = "; ".join(describe_holder(h) for h in holders[:8])
@@ -579,15 +599,21 @@ def _check_gpus_idle(c):
     for gpu in facts.get("gpus") or []:
         used = gpu.get("memory_used_mib") or 0
         if used > idle_mib and gpu.get("index") not in with_process:
-            errors.append(
+            leaks.append(
                 _problem(
                     host,
                     "gpus_busy",
                     f"GPU{gpu.get('index')} has {used} MiB in use but no compute process is listed "
-                    "(leaked memory, or a process outside this VM's view)",
+                    "(leaked memory, or a process outside this VM's view)"
+                    + (
+                        f". Left to the server stage's remedy ({remedy}), which frees it after the stop"
+                        if remedy
+                        else ""
+                    ),
                     f"gpu_facts.gpus[{gpu.get('index')}].memory_used_mib={used}",
-                    f"gpu_facts_idle_memory_mib={idle_mib}",
-                    "find and stop the holder; if none exists, reset the GPU or reboot the VM",
+                    f"gpu_facts_leaked_memory_remedy={remedy}" if remedy else f"gpu_facts_idle_memory_mib={idle_mib}",
+                    "find and stop the holder; if none exists, reset the GPU or reboot the VM "
+                    "(sglang_server_held_memory_gpu_reset=true or sglang_server_held_memory_reboot=true does it)",
                 )
             )
 

@@ -172,6 +172,44 @@ def test_volta_dropped_by_cuda_13(h200):
     assert "no longer supports sm_70" in problem["message"]
 
 
+def leaked(h200):
+    """After a leaking version stopped: a scheduler that is gone still holds GPU0, GPU1 holds memory of no process."""
+    facts = copy.deepcopy(h200)
+    facts["processes"] = [
+        {"pid": 3101, "name": "sglang::scheduler_TP0", "used_memory_mib": 88000, "gpu_index": 0, "unit": None,
+         "alive": False, "uid": None, "user": None, "cmdline": ""},
+    ]  # fmt: skip
+    facts["gpus"][0]["memory_used_mib"] = 88000
+    facts["gpus"][1]["memory_used_mib"] = 70000
+    return facts
+
+
+def test_leaked_memory_is_refused_without_a_remedy(h200):
+    result = check(leaked(h200), server_args={"tp-size": 2})
+    assert [p["check"] for p in result["errors"]] == ["gpus_busy", "gpus_busy"]
+    gone, no_process = result["errors"]
+    assert "pid 3101 sglang::scheduler_TP0 on GPU0 using 88000 MiB (process gone" in gone["message"]
+    assert "GPU1 has 70000 MiB in use but no compute process is listed" in no_process["message"]
+    assert "sglang_server_held_memory_gpu_reset=true" in no_process["fix"]
+
+
+def test_leaked_memory_is_left_to_an_enabled_remedy_but_a_live_holder_is_not(h200):
+    """The documented way out of held memory (enable the remedy, deploy again) must not be refused in preflight:
+    the server stage frees it after its stop. A live foreign process is still refused."""
+    remedy = "sglang_server_held_memory_gpu_reset=true"
+    result = check(leaked(h200), server_args={"tp-size": 2}, leaked_memory_remedy=remedy)
+    assert result["errors"] == []
+    assert [p["check"] for p in result["warnings"]] == ["gpus_leaked", "gpus_busy"]
+    assert all(f"Left to the server stage's remedy ({remedy})" in p["message"] for p in result["warnings"])
+    facts = leaked(h200)
+    facts["processes"].append(
+        {"pid": 1939, "name": "python3", "used_memory_mib": 1000, "gpu_index": 1, "unit": "session-3.scope",
+         "alive": True, "uid": 1001, "user": "intruder", "cmdline": "python3 train.py"}
+    )  # fmt: skip
+    problem = only(check(facts, server_args={"tp-size": 2}, leaked_memory_remedy=remedy))
+    assert problem["check"] == "gpus_busy" and "pid 1939 python3, user intruder" in problem["message"]
+
+
 def test_unknown_arch_warns(h200):
     facts = copy.deepcopy(h200)
     facts["archs"] = ["sm_999"]

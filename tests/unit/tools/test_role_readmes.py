@@ -34,6 +34,7 @@ NOT_IN_MAIN = {
                 "gpu_facts_driver_floors",
                 "gpu_facts_own_service_units",
                 "gpu_facts_idle_memory_mib",
+                "gpu_facts_leaked_memory_remedy",
                 "gpu_facts_fail_on_warnings",
             ],
             "preflight",
