@@ -9,10 +9,23 @@ def fleet_worker_url(host: str, hostvars, port) -> str:
     return f"http://{address}:{port}"
 
 
-def fleet_worker_urls(hosts: list, hostvars, port) -> dict:
-    """{host: URL} of the hosts that serve HTTP; a host with fleet_router_register: false (such as a non-zero
-    rank of a multi-node server, which serves no HTTP in SGLang) is left out."""
-    return {h: fleet_worker_url(h, hostvars, port) for h in hosts if hostvars[h].get("fleet_router_register", True)}
+def multinode_nodes(host: str, hostvars, groups) -> list:
+    """The nodes of the server ``host`` belongs to, rank 0 first: the inventory group named by its
+    sglang_server_multinode_group (in inventory order), else the host alone (docs/multinode.md). The same rule as
+    sglang_server_nodes in playbooks/vars/fleet.yml, for readers that see other hosts only through hostvars."""
+    group = hostvars[host].get("sglang_server_multinode_group") or ""
+    members = list((groups or {}).get(group) or [])
+    return members if group and host in members else [host]
+
+
+def fleet_worker_urls(hosts: list, hostvars, port, groups=None) -> dict:
+    """{host: URL} of the hosts that serve HTTP: a non-zero rank of a multi-node server (SGLang serves HTTP on
+    rank 0 only) and a host with fleet_router_register: false are left out."""
+    return {
+        h: fleet_worker_url(h, hostvars, port)
+        for h in hosts
+        if hostvars[h].get("fleet_router_register", True) and multinode_nodes(h, hostvars, groups)[0] == h
+    }
 
 
 def smg_extra_argv(extra: dict) -> list[str]:
@@ -33,4 +46,8 @@ def smg_extra_argv(extra: dict) -> list[str]:
 
 class FilterModule:
     def filters(self):
-        return {"fleet_worker_urls": fleet_worker_urls, "smg_extra_argv": smg_extra_argv}
+        return {
+            "fleet_worker_urls": fleet_worker_urls,
+            "smg_extra_argv": smg_extra_argv,
+            "sglang_multinode_nodes": multinode_nodes,
+        }

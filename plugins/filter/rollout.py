@@ -3,6 +3,8 @@ rolling deploy (Ansible's own `serial` arithmetic) and the capacity guard (disru
 
 from __future__ import annotations
 
+from ansible_collections.gpufleet.fleet.plugins.filter.fleet_router import multinode_nodes
+
 
 def _pct_to_int(value, total: int) -> int:
     """ansible.utils.helpers.pct_to_int, as the playbook executor uses it for `serial`."""
@@ -83,6 +85,25 @@ def rollout_capacity_problems(batches: list, models: dict, in_router: list, max_
     return problems
 
 
+def rollout_multinode_problems(hosts: list, hostvars, groups) -> list[str]:
+    """One sentence per multi-node server among the rollout's hosts (empty: none). Serial batches cannot keep a
+    server's nodes together and its non-zero ranks serve no HTTP to drain: playbooks/deploy_server.yml restarts
+    such servers (its restart plan takes a server's nodes in one batch)."""
+    servers = []
+    for host in hosts:
+        nodes = multinode_nodes(host, hostvars, groups)
+        if len(nodes) > 1 and nodes not in servers:
+            servers.append(nodes)
+    return [
+        f"{', '.join(nodes)} are one multi-node server (sglang_server_multinode_group="
+        f"{hostvars[nodes[0]].get('sglang_server_multinode_group')}), whose nodes must restart together, which "
+        "rollout.yml's serial batches cannot guarantee: restart it with playbooks/deploy_server.yml (its restart "
+        "plan takes a server's nodes in one batch) and roll the other hosts with "
+        f"-l '!{hostvars[nodes[0]].get('sglang_server_multinode_group')}'"
+        for nodes in servers
+    ]
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -90,4 +111,5 @@ class FilterModule:
             "rollout_capacity_problems": rollout_capacity_problems,
             "rollout_worker_models": rollout_worker_models,
             "rollout_hostvar": rollout_hostvar,
+            "rollout_multinode_problems": rollout_multinode_problems,
         }

@@ -98,3 +98,21 @@ def test_multinode_flags_from_inventory_order_and_single_node_untouched(tmp_path
     assert (single["parallel"]["nnodes"], single["parallel"]["per_node"]) == (1, 8)
     assert "--nnodes" not in single["argv"] and flag(single["argv"], "--tp-size") == "8"
     assert single["key_problem"] == ""  # the vault's key passes the role's API-key check
+
+
+def test_the_router_gets_rank_0_of_the_multinode_server_only(tmp_path):
+    expr = "{{ groups['sglang_servers'] | gpufleet.fleet.fleet_worker_urls(hostvars, 8000, groups) }}"
+    urls = render_hosts(INV, ["rtxpro-01"], expr, {}, tmp_path, "--vault-password-file", str(PASSWORD))["rtxpro-01"]
+    assert "h200-03" in urls and "h200-04" not in urls  # rank 1 serves no HTTP in SGLang
+    assert sorted(urls) == ["h200-01", "h200-02", "h200-03", "rtxpro-01", "rtxpro-02", "rtxpro-03", "rtxpro-04"]
+
+
+def test_a_rollout_over_the_multinode_server_is_refused_before_any_change():
+    """The real playbook on the example inventory: refused in its first play, before it connects anywhere."""
+    proc = run(
+        str(BIN / "ansible-playbook"), "-i", str(INV), "--vault-password-file", str(PASSWORD), "playbooks/rollout.yml"
+    )  # fmt: skip
+    assert proc.returncode != 0
+    out = " ".join(proc.stdout.split())
+    assert "rollout refused before any change: h200-03, h200-04 are one multi-node server" in out
+    assert "playbooks/deploy_server.yml" in out and "changed=1" not in out and "unreachable=1" not in out

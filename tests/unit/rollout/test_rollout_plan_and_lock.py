@@ -78,6 +78,36 @@ def test_worker_urls_leave_out_hosts_that_serve_no_http():
     }
 
 
+# The example production fleet's multi-node server: h200-03 (rank 0) and h200-04 (group glm5_h200_tp16).
+MN_GROUPS = {"glm5_h200_tp16": ["h200-03", "h200-04"], "h200": ["h200-01", "h200-02", "h200-03", "h200-04"]}
+MN_HOSTVARS = {
+    "h200-01": {"ansible_host": "10.0.0.21"},
+    "h200-02": {"ansible_host": "10.0.0.22"},
+    "h200-03": {"ansible_host": "10.0.0.23", "sglang_server_multinode_group": "glm5_h200_tp16"},
+    "h200-04": {"ansible_host": "10.0.0.24", "sglang_server_multinode_group": "glm5_h200_tp16"},
+}
+
+
+def test_only_rank_0_of_a_multinode_server_is_a_router_worker():
+    urls = fleet_router.fleet_worker_urls(list(MN_HOSTVARS), MN_HOSTVARS, 8000, MN_GROUPS)
+    assert urls == {
+        "h200-01": "http://10.0.0.21:8000",
+        "h200-02": "http://10.0.0.22:8000",
+        "h200-03": "http://10.0.0.23:8000",  # rank 0 of the two-node server; h200-04 (rank 1) serves no HTTP
+    }
+    assert fleet_router.multinode_nodes("h200-04", MN_HOSTVARS, MN_GROUPS) == ["h200-03", "h200-04"]
+    assert fleet_router.multinode_nodes("h200-01", MN_HOSTVARS, MN_GROUPS) == ["h200-01"]
+
+
+def test_a_rollout_over_a_multinode_server_is_refused_naming_the_way_to_restart_it():
+    (problem,) = rollout.rollout_multinode_problems(list(MN_HOSTVARS), MN_HOSTVARS, MN_GROUPS)
+    assert problem.startswith(
+        "h200-03, h200-04 are one multi-node server (sglang_server_multinode_group=glm5_h200_tp16)"
+    )
+    assert "playbooks/deploy_server.yml" in problem and "-l '!glm5_h200_tp16'" in problem
+    assert rollout.rollout_multinode_problems(["h200-01", "h200-02"], MN_HOSTVARS, MN_GROUPS) == []
+
+
 def test_extra_smg_flags():
     argv = fleet_router.smg_extra_argv({"request-timeout-secs": 600, "log-json": True, "x": False, "n": ["a", "b"]})
     assert argv == ["--request-timeout-secs", "600", "--log-json", "--n", "a", "b"]
