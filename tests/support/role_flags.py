@@ -31,18 +31,24 @@ PLAY = """
 """
 
 
+def local_ansible_env(**more: str) -> dict:
+    """The environment of a controller-only Ansible run of this checkout (its ansible.cfg and collections, no
+    fact cache on disk, no colour); ``more`` adds or replaces variables."""
+    return dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
+        ANSIBLE_CACHE_PLUGIN="memory",
+        ANSIBLE_NOCOLOR="1",
+        **more,
+    )
+
+
 def render_hosts(inventory, hosts: list[str], expr: str, extra_vars: dict, tmp: Path, *cli: str) -> dict:
     """``{host: value of expr}``; ``extra_vars`` go in with -e (highest precedence), ``cli`` are more arguments."""
     (tmp / "extra.json").write_text(json.dumps(extra_vars))
     (tmp / "play.yml").write_text(PLAY.format(hosts=",".join(hosts), repo=REPO, expr=json.dumps(expr)))
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
-        ANSIBLE_STDOUT_CALLBACK="json",
-        ANSIBLE_CACHE_PLUGIN="memory",
-        ANSIBLE_NOCOLOR="1",
-    )
+    env = local_ansible_env(ANSIBLE_STDOUT_CALLBACK="json")
     proc = subprocess.run(
         [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(inventory), str(tmp / "play.yml"),
          "-e", f"@{tmp / 'extra.json'}", *cli],

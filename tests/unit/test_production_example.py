@@ -5,25 +5,17 @@ multi-node server's flags are derived for both nodes from inventory order."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from role_flags import render_hosts
+from role_flags import local_ansible_env, render_hosts
 
 REPO = Path(__file__).resolve().parents[2]
 INV = REPO / "inventory" / "examples" / "production-fleet"
 PASSWORD = INV / "vault-password.example.txt"
 BIN = REPO / ".venv" / "bin"
-ENV = dict(
-    os.environ,
-    ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-    ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
-    ANSIBLE_CALLBACK_RESULT_FORMAT="json",
-    ANSIBLE_NOCOLOR="1",
-    ANSIBLE_CACHE_PLUGIN="memory",
-)
+ENV = local_ansible_env(ANSIBLE_CALLBACK_RESULT_FORMAT="json")
 
 
 def run(*argv: str) -> subprocess.CompletedProcess:
