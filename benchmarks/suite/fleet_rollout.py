@@ -33,17 +33,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+from gpufleet_testinfra import recap, run_playbook  # noqa: E402  (the lab tests' playbook runner)
+
 LAB = "perf-fleet"
 WORK = ROOT / "tmp" / LAB
-GATEWAY = f"{LAB}-router-01"
 LAB_ENV = dict(os.environ, PYTHONPATH=str(ROOT / "lab"), HF_HUB_OFFLINE="1")
-PLAY_ENV = dict(
-    LAB_ENV,
-    ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-    ANSIBLE_FORCE_COLOR="0",
-    # this lab's facts apart from the default lab's (host names differ, but the cache folder is shared)
-    ANSIBLE_CACHE_PLUGIN_CONNECTION=str(WORK / "facts"),
-)
+# this lab's facts apart from the default lab's (host names differ, but the cache folder is shared)
+PLAY_ENV = {
+    "PYTHONPATH": str(ROOT / "lab"),
+    "HF_HUB_OFFLINE": "1",
+    "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(WORK / "facts"),
+}
 REPORTS = {
     "sglang_server_report_dir": str(WORK / "reports/deploy"),
     "rollout_deploy_report_dir": str(WORK / "reports/deploy"),
@@ -61,31 +62,17 @@ def lab(*args: str) -> str:
     return proc.stdout
 
 
-def playbook(name: str, *args: str, extra: dict | None = None, expect_ok: bool = True) -> tuple[float, str]:
-    """Wall time and output of one ansible-playbook run on the bench lab's inventory."""
-    vars_file = WORK / f"extra-{time.monotonic_ns()}.json"
-    vars_file.write_text(json.dumps({**REPORTS, **(extra or {})}))
-    argv = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(WORK / "hosts.yml"), "-e", f"@{vars_file}", name]
+def playbook(name: str, *args: str, extra: dict | None = None) -> tuple[float, str]:
+    """Wall time and output of one ansible-playbook run on the bench lab's inventory (its log kept in WORK)."""
     started = time.perf_counter()
-    proc = subprocess.run(
-        [*argv, *args], cwd=ROOT, env=PLAY_ENV, capture_output=True, text=True, check=False, timeout=3600
-    )
+    proc = run_playbook(
+        name, *args, extra_vars={**REPORTS, **(extra or {})}, inventory=WORK / "hosts.yml", env=PLAY_ENV,
+        log_dir=WORK, timeout=3600,
+    )  # fmt: skip
     wall = time.perf_counter() - started
-    (WORK / f"{Path(name).stem}-{time.monotonic_ns()}.log").write_text(proc.stdout + proc.stderr)
-    if expect_ok and proc.returncode != 0:
+    if proc.returncode != 0:
         raise SystemExit(f"{name} {' '.join(args)} failed (rc {proc.returncode}):\n{proc.stdout[-4000:]}")
     return wall, proc.stdout
-
-
-def recap_changed(stdout: str) -> dict[str, int]:
-    """{host: changed=} of the PLAY RECAP."""
-    changed = {}
-    for line in stdout.split("PLAY RECAP")[-1].splitlines():
-        parts = line.split()
-        if len(parts) > 2 and parts[1] == ":":
-            fields = dict(p.split("=", 1) for p in parts[2:] if "=" in p)
-            changed[parts[0]] = int(fields.get("changed", 0))
-    return changed
 
 
 def noop_pair(playbook_name: str, one: str, many: str, repeats: int, extra: dict | None = None) -> dict:
@@ -96,7 +83,7 @@ def noop_pair(playbook_name: str, one: str, many: str, repeats: int, extra: dict
         for key, limit in (("one", one), ("many", many)):
             wall, out = playbook(playbook_name, "-l", limit, extra=extra)
             samples[key].append(round(wall, 2))
-            changed[key] = {h: c for h, c in recap_changed(out).items() if c}
+            changed[key] = {h: c["changed"] for h, c in recap(out).items() if c.get("changed")}
     best = {k: min(v) for k, v in samples.items()}
     return {
         "limit_one": one,
@@ -145,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
         lab("cuda-mirror", "up")
         lab("testhub", "up")
         out["lab_up_with_equipment_s"] = round(time.perf_counter() - started, 2)
-        first, first_out = playbook("deploy.yml", extra={"sglang_server_serial": args.hosts})
+        first, _ = playbook("deploy.yml", extra={"sglang_server_serial": args.hosts})
         out["first_deploy_s"] = round(first, 2)
         one = f"{LAB}-01"
         out["noop_deploy"] = noop_pair("deploy.yml", one, "sglang_servers", args.repeats)
