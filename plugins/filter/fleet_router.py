@@ -9,13 +9,17 @@ def fleet_worker_url(host: str, hostvars, port) -> str:
     return f"http://{address}:{port}"
 
 
-def multinode_nodes(host: str, hostvars, groups) -> list:
-    """The nodes of the server ``host`` belongs to, rank 0 first: the inventory group named by its
-    sglang_server_multinode_group (in inventory order), else the host alone (docs/multinode.md). The same rule as
-    sglang_server_nodes in playbooks/vars/fleet.yml, for readers that see other hosts only through hostvars."""
-    group = hostvars[host].get("sglang_server_multinode_group") or ""
-    members = list((groups or {}).get(group) or [])
-    return members if group and host in members else [host]
+def multinode_nodes(host: str, group, groups) -> list:
+    """The nodes of the server ``host`` belongs to, rank 0 first: the inventory group ``group`` (the host's
+    sglang_server_multinode_group) in inventory order, else the host alone (docs/multinode.md).
+    playbooks/vars/fleet.yml derives sglang_server_nodes with it; the router and rollout filters, which see
+    other hosts through hostvars, call it with their sglang_server_multinode_group."""
+    groups = groups or {}
+    return list(groups[group]) if group and group in groups else [host]
+
+
+def _nodes_of(host: str, hostvars, groups) -> list:
+    return multinode_nodes(host, hostvars[host].get("sglang_server_multinode_group"), groups)
 
 
 def fleet_worker_urls(hosts: list, hostvars, port, groups=None) -> dict:
@@ -24,7 +28,7 @@ def fleet_worker_urls(hosts: list, hostvars, port, groups=None) -> dict:
     return {
         h: fleet_worker_url(h, hostvars, port)
         for h in hosts
-        if hostvars[h].get("fleet_router_register", True) and multinode_nodes(h, hostvars, groups)[0] == h
+        if hostvars[h].get("fleet_router_register", True) and _nodes_of(h, hostvars, groups)[0] == h
     }
 
 

@@ -91,16 +91,16 @@ def rollout_multinode_problems(hosts: list, hostvars, groups) -> list[str]:
     such servers (its restart plan takes a server's nodes in one batch)."""
     servers = []
     for host in hosts:
-        nodes = multinode_nodes(host, hostvars, groups)
-        if len(nodes) > 1 and nodes not in servers:
-            servers.append(nodes)
+        group = hostvars[host].get("sglang_server_multinode_group")
+        nodes = multinode_nodes(host, group, groups)
+        if len(nodes) > 1 and (nodes, group) not in servers:
+            servers.append((nodes, group))
     return [
-        f"{', '.join(nodes)} are one multi-node server (sglang_server_multinode_group="
-        f"{hostvars[nodes[0]].get('sglang_server_multinode_group')}), whose nodes must restart together, which "
-        "rollout.yml's serial batches cannot guarantee: restart it with playbooks/deploy_server.yml (its restart "
-        "plan takes a server's nodes in one batch) and roll the other hosts with "
-        f"-l '!{hostvars[nodes[0]].get('sglang_server_multinode_group')}'"
-        for nodes in servers
+        f"{', '.join(nodes)} are one multi-node server (sglang_server_multinode_group={group}), whose nodes must "
+        "restart together, which rollout.yml's serial batches cannot guarantee: restart it with "
+        "playbooks/deploy_server.yml (its restart plan takes a server's nodes in one batch) and roll the other "
+        f"hosts with -l '!{group}'"
+        for nodes, group in servers
     ]
 
 

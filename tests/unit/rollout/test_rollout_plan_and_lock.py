@@ -95,8 +95,8 @@ def test_only_rank_0_of_a_multinode_server_is_a_router_worker():
         "h200-02": "http://10.0.0.22:8000",
         "h200-03": "http://10.0.0.23:8000",  # rank 0 of the two-node server; h200-04 (rank 1) serves no HTTP
     }
-    assert fleet_router.multinode_nodes("h200-04", MN_HOSTVARS, MN_GROUPS) == ["h200-03", "h200-04"]
-    assert fleet_router.multinode_nodes("h200-01", MN_HOSTVARS, MN_GROUPS) == ["h200-01"]
+    assert fleet_router.multinode_nodes("h200-04", "glm5_h200_tp16", MN_GROUPS) == ["h200-03", "h200-04"]
+    assert fleet_router.multinode_nodes("h200-01", None, MN_GROUPS) == ["h200-01"]
 
 
 def test_a_rollout_over_a_multinode_server_is_refused_naming_the_way_to_restart_it():
