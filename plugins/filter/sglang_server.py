@@ -11,6 +11,7 @@ import os
 import re
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_help import help_options
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import journal_match
 
 DOCUMENTATION = r"""
 name: sglang_argv
@@ -514,6 +515,7 @@ class FilterModule:
             "sglang_is_loopback": _wrap(sglang_is_loopback),
             "sglang_table_options": _wrap(sglang_table_options),
             "sglang_table_version": _wrap(sglang_table_version),
+            "sglang_journal_match": journal_match,
         }
 
 

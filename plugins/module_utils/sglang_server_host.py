@@ -256,20 +256,27 @@ def listeners(port, runner=run):
     return result
 
 
-def journal_match(unit, invocation_id=None, main_pid=0, since=None):
+def _since(value) -> str:
+    """journalctl --since: an epoch as ``@N``; a systemd timestamp (``ExecMainStartTimestamp``) as it is."""
+    return f"--since=@{int(value)}" if isinstance(value, (int, float)) else f"--since={value}"
+
+
+def journal_match(unit, invocation_id=None, main_pid=0, since=None, unit_since=None):
     """journalctl matches for the lines of one start of the unit.
 
-    Its InvocationID, or else the unit in this boot; and, OR-ed in, its main process (``_PID`` since the
-    start). journald attributes a stdout line to the unit and invocation by reading the writer's cgroup from
-    /proc when it handles the line; a process that crashes at once (a CUDA init failure) has often exited by
-    then, and its last lines carry ``_PID`` but no ``_SYSTEMD_UNIT``/``_SYSTEMD_INVOCATION_ID`` (systemd issue
-    2913; systemd PR 33021 stops using ``journalctl -u`` for such lines). Found by the lab under load: the
-    excerpt of a crash-on-start missed its traceback."""
-    match = [f"_SYSTEMD_INVOCATION_ID={invocation_id}"] if invocation_id else ["-u", unit, "-b"]
-    if main_pid:
-        match += ["+", f"_PID={int(main_pid)}"]
-        if since:
-            match += [f"--since=@{int(since)}"]
+    Its InvocationID, or else the unit since ``unit_since`` (else this boot); and, OR-ed in, its main process
+    (``_PID`` since ``since``, the start). journald attributes a stdout line to the unit and invocation by
+    reading the writer's cgroup from /proc when it handles the line; a process that crashes at once (a CUDA
+    init failure) has often exited by then, and its last lines carry ``_PID`` but no
+    ``_SYSTEMD_UNIT``/``_SYSTEMD_INVOCATION_ID`` (systemd issue 2913; systemd PR 33021 stops using
+    ``journalctl -u`` for such lines). Used by the modules (journal_lines) and, as the filter
+    sglang_journal_match, by the rollback's journal excerpt."""
+    if invocation_id:
+        match = [f"_SYSTEMD_INVOCATION_ID={invocation_id}"]
+    else:
+        match = ["-u", unit] + ([_since(unit_since)] if unit_since else ["-b"])
+    if int(main_pid or 0) and since:
+        match += ["+", f"_PID={int(main_pid)}", _since(since)]
     return match
 
 

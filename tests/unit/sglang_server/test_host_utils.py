@@ -279,6 +279,13 @@ def test_journal_lines_of_a_start_also_match_its_main_process():
     assert entries == [(1764521684.0, "RuntimeError: x")]
     # no main process known (0): the invocation alone, as before
     assert h.journal_match(UNIT, inv, 0, 1764521683.6) == [f"_SYSTEMD_INVOCATION_ID={inv}"]
+    # the rollback's excerpt (filter sglang_journal_match): the start as systemd prints it; no invocation known,
+    # the unit since the stop
+    started = "Mon 2026-12-01 03:55:32 UTC"
+    assert h.journal_match(UNIT, inv, 4242, started) == [
+        f"_SYSTEMD_INVOCATION_ID={inv}", "+", "_PID=4242", f"--since={started}"
+    ]  # fmt: skip
+    assert h.journal_match(UNIT, "", 0, "", 1764521683.6) == ["-u", UNIT, "--since=@1764521683"]
 
 
 def test_journal_lines_decode_binary_messages_and_skip_bad_lines():
