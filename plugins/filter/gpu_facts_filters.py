@@ -559,6 +559,7 @@ def _check_gpus_idle(c):
     # memory of gone processes or of no process is then left to it (a warning), a live foreign process is not.
     remedy = s.get("leaked_memory_remedy") or ""
     leaks = warnings if remedy else errors
+    left_to_remedy = f". Left to the server stage's remedy ({remedy}), which frees it after the stop" if remedy else ""
     processes = facts.get("processes") or []
     foreign = [p for p in processes if p.get("unit") not in own or not own]
     ours = [p for p in processes if own and p.get("unit") in own]
@@ -573,7 +574,7 @@ def _check_gpus_idle(c):
                     "gpus_leaked",
                     "GPU memory of processes that are gone: "
                     + "; ".join(describe_holder(h) for h in gone[:8])
-                    + f". Left to the server stage's remedy ({remedy}), which frees it after the stop",
+                    + left_to_remedy,
                     f"gpu_facts.processes ({len(gone)} gone process(es))",
                     f"gpu_facts_leaked_memory_remedy={remedy}",
                     "nothing: the remedy runs when the server stops; disable it to be refused here instead",
@@ -604,12 +605,7 @@ def _check_gpus_idle(c):
                     host,
                     "gpus_busy",
                     f"GPU{gpu.get('index')} has {used} MiB in use but no compute process is listed "
-                    "(leaked memory, or a process outside this VM's view)"
-                    + (
-                        f". Left to the server stage's remedy ({remedy}), which frees it after the stop"
-                        if remedy
-                        else ""
-                    ),
+                    "(leaked memory, or a process outside this VM's view)" + left_to_remedy,
                     f"gpu_facts.gpus[{gpu.get('index')}].memory_used_mib={used}",
                     f"gpu_facts_leaked_memory_remedy={remedy}" if remedy else f"gpu_facts_idle_memory_mib={idle_mib}",
                     "find and stop the holder; if none exists, reset the GPU or reboot the VM "
