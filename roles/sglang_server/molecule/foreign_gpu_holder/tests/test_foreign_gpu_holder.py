@@ -68,8 +68,11 @@ def test_deploy_is_refused_in_preflight_naming_pid_user_and_command(deploy_refus
     )
     assert f"pid {intruder}: ask user intruder to end it or, as root, kill {intruder};" in out
     assert "systemctl stop ssh" not in out  # the job runs in ssh.service here (no logind): never advise stopping it
-    # the first stage stopped the run: no later stage (toolkit, ml-env, weights, server) ran a task
-    for stage in ("cuda_toolkit :", "ml_env :", "model_weights :", "sglang_server :"):
+    # the first stage stopped the run: no later play started (preflight itself reads the server role's flag
+    # layers, a read-only include, so "TASK [sglang_server :" alone would not say a later stage ran)
+    for play in ("Validate the inputs", "CUDA toolkit", "ML environment", "Model weights", "SGLang server"):
+        assert f"PLAY [{play}" not in out
+    for stage in ("cuda_toolkit :", "ml_env :", "model_weights :"):
         assert f"TASK [{stage}" not in out
 
 
