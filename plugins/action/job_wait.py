@@ -2,8 +2,11 @@
 
 The one pattern for long waits in gpufleet (model staging, ml-env installs and kernel builds, the server's
 readiness): start the work as an async task (``async: N``, ``poll: 0``), then ``gpufleet.fleet.job_wait``
-polls the job (async_status) every ``poll`` seconds and, every ``interval`` seconds, prints one line per host
-read from the job's JSON progress file (``progress_file``) or from the tail of its log (``log_file``).
+polls the job every ``poll`` seconds and, every ``interval`` seconds, prints one line per host read from the
+job's JSON progress file (``progress_file``) or from the tail of its log (``log_file``).
+A poll reads the job file with ``cat`` over the connection (no Python module on the host: the lab measured
+Ansible module runs over ssh as most of a run's CPU); once the file says the job ended, the result is taken
+with ansible-core's own async_status module, so the task returns exactly what async_status would.
 Returns the job's own result, so the task fails with the module's message when the job failed; a job still
 running after ``timeout`` seconds fails with rc 124 and a message naming ``timeout_variable``.
 Documentation: plugins/modules/job_wait.py.
@@ -11,8 +14,8 @@ Documentation: plugins/modules/job_wait.py.
 
 from __future__ import annotations
 
-import base64
 import json
+import shlex
 import time
 
 from ansible.plugins.action import ActionBase
@@ -60,6 +63,19 @@ def progress_line(what: str, host: str, label: str, p: dict) -> str:
     )
 
 
+def job_file_ended(text: str) -> bool:
+    """Whether an async job file (``<async_dir>/<jid>``) says the job ended, read as ansible-core's
+    async_status reads it (modules/async_status.py): empty or not yet valid JSON = still running; a record
+    without ``started`` is the module's result (ended); else its ``finished`` flag."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    if not isinstance(data, dict):
+        return False
+    return "started" not in data or bool(data.get("finished"))
+
+
 def log_line(what: str, host: str, label: str, elapsed_s: float, tail: str) -> str:
     """``ml_env [h1] uv pip sync: running 1m05s: <last line of the log>``."""
     last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "(no output yet)")
@@ -72,29 +88,31 @@ class ActionModule(ActionBase):
         ("jid", "progress_file", "log_file", "interval", "poll", "timeout", "timeout_variable", "label", "what")
     )
 
-    def _status(self, jid: str, async_dir: str, task_vars: dict, mode: str = "status") -> dict:
+    def _status(self, jid: str, async_dir: str, task_vars: dict) -> dict:
         return self._execute_module(
             module_name="ansible.legacy.async_status",
-            module_args={"jid": jid, "mode": mode, "_async_dir": async_dir},
+            module_args={"jid": jid, "mode": "status", "_async_dir": async_dir},
             task_vars=task_vars,
         )
 
+    def _read(self, argv: list[str]) -> str | None:
+        """stdout of a plain command on the host (no module), None when it fails (e.g. no such file)."""
+        res = self._low_level_execute_command(" ".join(shlex.quote(a) for a in argv), sudoable=True)
+        return res.get("stdout", "") if res.get("rc") == 0 else None
+
+    def _ended(self, jid: str, async_dir: str) -> bool:
+        text = self._read(["cat", "--", f"{async_dir.rstrip('/')}/{jid}"])
+        return text is None or job_file_ended(text)  # no job file: async_status says why
+
     def _progress(self, path: str, task_vars: dict) -> dict | None:
-        res = self._execute_module(module_name="ansible.legacy.slurp", module_args={"src": path}, task_vars=task_vars)
-        if res.get("failed") or "content" not in res:
-            return None
+        text = self._read(["cat", "--", path])
         try:
-            return json.loads(base64.b64decode(res["content"]))
+            return json.loads(text) if text else None
         except ValueError:
             return None
 
     def _log_tail(self, path: str, task_vars: dict) -> str:
-        res = self._execute_module(
-            module_name="ansible.legacy.command",
-            module_args={"argv": ["tail", "-c", str(LOG_TAIL_CHARS), path]},
-            task_vars=task_vars,
-        )
-        return res.get("stdout", "") if res.get("rc") == 0 else ""
+        return self._read(["tail", "-c", str(LOG_TAIL_CHARS), "--", path]) or ""
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -121,7 +139,7 @@ class ActionModule(ActionBase):
         next_print = started + min(args["interval"], 5)
         last = None
         while True:
-            status = self._status(args["jid"], async_dir, task_vars)
+            status = self._status(args["jid"], async_dir, task_vars) if self._ended(args["jid"], async_dir) else {}
             if status.get("finished") or (status.get("failed") and not status.get("started")):
                 break
             now = time.monotonic()
@@ -146,7 +164,7 @@ class ActionModule(ActionBase):
                 next_print = now + args["interval"]
             time.sleep(args["poll"])
         if not result.get("failed"):
-            self._status(args["jid"], async_dir, task_vars, mode="cleanup")
+            self._read(["rm", "-f", "--", f"{async_dir.rstrip('/')}/{args['jid']}"])  # async_status's cleanup
             for key in ASYNC_KEYS:
                 status.pop(key, None)
             result.update(status)
