@@ -6,25 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import module_runner  # tests/support (on sys.path through tests/conftest.py)
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 ROLE = REPO / "roles" / "serving_bench"
 FIXTURES = REPO / "tests" / "unit" / "fixtures" / "bench-serving"
-# The module is imported by its file name from plugins/modules; it imports module_utils as Ansible does
-# (ansible_collections.gpufleet.fleet.plugins.module_utils.*, importable through tests/conftest.py).
-MODULES = REPO / "plugins" / "modules"
-if str(MODULES) not in sys.path:
-    sys.path.insert(0, str(MODULES))
-SIM_TESTS = REPO / "tests" / "unit" / "sglang_sim"
-if str(SIM_TESTS) not in sys.path:
-    sys.path.insert(0, str(SIM_TESTS))
-
-
-@pytest.fixture
-def run_module(capsys):
-    return lambda name, args: module_runner.run_module(name, args, capsys)
 
 
 @pytest.fixture(scope="session")
