@@ -91,15 +91,16 @@ lint:
 	ansible-lint --profile production
 
 unit:
-	pytest tests/unit
+	pytest tests/unit --durations=15
 
 lab-prune:
 	python -m gpufleet_lab prune
 
+# --durations: the slowest tests are printed, to see where make test's time goes.
 # Under `make test` the one prune runs before the lab tests and Molecule run side by side (NO_PRUNE=1).
 lab-tests:
 	$(if $(NO_PRUNE),,python -m gpufleet_lab prune)
-	pytest tests/lab
+	pytest tests/lab --durations=15
 
 molecule:
 	$(if $(NO_PRUNE),,python -m gpufleet_lab prune)
