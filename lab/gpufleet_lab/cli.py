@@ -200,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "exec":
             record = lab.record(args.host)
+            if not record.get("leader_pid"):
+                raise LabError(f"{args.host} is not running (stopped, or between two boots of a reboot)")
             cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
             os.execvp("nsenter", ["nsenter", "-t", str(record["leader_pid"]), "-a", *(cmd or ["bash"])])
         if args.command == "testhub":

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -35,6 +36,62 @@ DEFAULT_NAME = "gpufleet"
 DEFAULT_SUBNET = "10.123.0.0/24"
 DEFAULT_PROFILE = "rtx-pro-6000x8-vm"
 READY_TIMEOUT = 180.0
+LAB_PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # what PYTHONPATH needs for gpufleet_lab
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+def _pid_namespace(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def boot_pids(supervisor_pid: int) -> tuple[int | None, int | None]:
+    """(systemd-nspawn, container init) of a host's current boot: nspawn is the supervisor's child (a new one
+    after each reboot, supervise.py); the init is nspawn's child in a new PID namespace (nspawn first forks
+    an intermediate child that exits once the init exists, so the first child seen is not necessarily it)."""
+    own = _pid_namespace(supervisor_pid)
+    for nspawn in _children(supervisor_pid):
+        for child in _children(nspawn):
+            namespace = _pid_namespace(child)
+            if namespace is not None and namespace != own:
+                return nspawn, child
+        return nspawn, None
+    return None, None
+
+
+def host_running(record: dict) -> bool:
+    """The host's supervisor lives (between two boots of a reboot there is no nspawn, but the host is on).
+    Records written before there was a supervisor: their nspawn."""
+    if record.get("supervisor_pid"):
+        return pid_is(record["supervisor_pid"], record.get("supervisor_starttime"))
+    return pid_is(record.get("nspawn_pid"), record.get("nspawn_starttime"))
+
+
+def current_boot(record: dict) -> dict:
+    """The record with the nspawn and init of the host's current boot (they change when the host reboots;
+    the state file keeps those of the first boot). None for both while the host is off or between boots."""
+    if not record.get("supervisor_pid"):
+        return record
+    if pid_is(record.get("leader_pid"), record.get("leader_starttime")) and pid_is(
+        record.get("nspawn_pid"), record.get("nspawn_starttime")
+    ):
+        return record
+    nspawn, leader = boot_pids(record["supervisor_pid"]) if host_running(record) else (None, None)
+    return {
+        **record,
+        "nspawn_pid": nspawn,
+        "nspawn_starttime": proc_starttime(nspawn) if nspawn else None,
+        "leader_pid": leader,
+        "leader_starttime": proc_starttime(leader) if leader else None,
+    }
 
 
 @dataclass
@@ -247,8 +304,12 @@ class Lab:
         cgroups.remove(cgroup_dirs)  # a leftover of a killed run of this host
         cgroups.create(cgroup_dirs)
         log = open(hdir / "nspawn.log", "ab")  # noqa: SIM115 - handed to the long-lived child
+        # nspawn runs under the host's supervisor (supervise.py), which boots the host again when it reboots
         proc = subprocess.Popen(
             [
+                sys.executable,
+                "-m",
+                "gpufleet_lab.supervise",
                 "systemd-nspawn",
                 "-q",
                 "-b",
@@ -269,44 +330,36 @@ class Lab:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=lambda: cgroups.enter(cgroup_dirs),  # the lab tool runs no threads
+            env={**os.environ, "PYTHONPATH": str(LAB_PACKAGE_PARENT)},
         )
         log.close()
-        record["nspawn_pid"] = proc.pid
-        record["nspawn_starttime"] = proc_starttime(proc.pid)
-        leader = self._find_leader(proc)
+        record["supervisor_pid"] = proc.pid
+        record["supervisor_starttime"] = proc_starttime(proc.pid)
+        nspawn, leader = self._wait_first_boot(proc)
+        record["nspawn_pid"] = nspawn
+        record["nspawn_starttime"] = proc_starttime(nspawn)
         record["leader_pid"] = leader
         record["leader_starttime"] = proc_starttime(leader)
         return record
 
     @staticmethod
-    def _find_leader(proc: subprocess.Popen) -> int:
-        """PID of the container's init: the child of nspawn that lives in a new PID namespace.
-
-        nspawn first forks an intermediate child that exits once the container's init exists, so
-        the first child seen is not necessarily the leader.
-        """
+    def _wait_first_boot(proc: subprocess.Popen) -> tuple[int, int]:
+        """nspawn and the container's init of the first boot, under the supervisor proc."""
         deadline = time.monotonic() + 20
-        children_file = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-        own_pidns = os.stat(f"/proc/{proc.pid}/ns/pid").st_ino
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise LabError(f"systemd-nspawn exited with {proc.returncode} before booting the host")
-            try:
-                children = [int(c) for c in children_file.read_text().split()]
-            except FileNotFoundError:
-                children = []
-            for child in children:
-                try:
-                    if os.stat(f"/proc/{child}/ns/pid").st_ino != own_pidns:
-                        return child
-                except FileNotFoundError:
-                    continue
+            nspawn, leader = boot_pids(proc.pid)
+            if leader:
+                return nspawn, leader
             time.sleep(0.02)
         raise LabError("systemd-nspawn started no container within 20 s")
 
     def _host_alive(self, record: dict) -> bool:
+        record = current_boot(record)
         if not (
-            pid_is(record.get("nspawn_pid"), record.get("nspawn_starttime"))
+            host_running(record)
+            and pid_is(record.get("nspawn_pid"), record.get("nspawn_starttime"))
             and pid_is(record.get("leader_pid"), record.get("leader_starttime"))
         ):
             return False
@@ -314,6 +367,9 @@ class Lab:
 
     @staticmethod
     def _system_state(record: dict) -> str:
+        record = current_boot(record)
+        if not record.get("leader_pid"):
+            return "rebooting" if host_running(record) else "stopped"
         proc = subprocess.run(
             ["nsenter", "-t", str(record["leader_pid"]), "-a", "systemctl", "is-system-running"],
             capture_output=True,
@@ -327,7 +383,7 @@ class Lab:
         deadline = time.monotonic() + READY_TIMEOUT
         state = "unknown"
         while time.monotonic() < deadline:
-            if not pid_is(record["nspawn_pid"], record["nspawn_starttime"]):
+            if not host_running(record):
                 tail = Path(record["dir"], "nspawn.log").read_text(errors="replace")[-2000:]
                 raise LabError(f"{record['name']}: systemd-nspawn exited during boot:\n{tail}")
             state = self._system_state(record)
@@ -338,8 +394,11 @@ class Lab:
 
     # ----- down ----------------------------------------------------------------------------------
     def _destroy_host(self, record: dict) -> None:
-        kill_recorded(record.get("nspawn_pid"), record.get("nspawn_starttime"))
-        kill_recorded(record.get("leader_pid"), record.get("leader_starttime"), timeout=3)
+        boot = current_boot(record)  # found through the supervisor, so before it goes
+        # SIGTERM to the supervisor: it passes it on to nspawn and boots nothing again
+        kill_recorded(record.get("supervisor_pid"), record.get("supervisor_starttime"))
+        kill_recorded(boot.get("nspawn_pid"), boot.get("nspawn_starttime"))
+        kill_recorded(boot.get("leader_pid"), boot.get("leader_starttime"), timeout=3)
         # A container whose nspawn was SIGKILLed leaves its payload running in the host's netns:
         # end every process in that namespace (found by namespace identity, not by name).
         netns_path = f"/run/netns/{record['netns']}"
@@ -393,7 +452,7 @@ class Lab:
     def is_stale(self) -> bool:
         """True when the lab has state but none of its hosts is alive (its processes were killed)."""
         hosts = self.load().get("hosts", {}).values()
-        return not any(pid_is(h.get("nspawn_pid"), h.get("nspawn_starttime")) for h in hosts)
+        return not any(host_running(h) for h in hosts)
 
     # ----- views ---------------------------------------------------------------------------------
     def instances(self, state: dict | None = None) -> list[dict]:
@@ -403,7 +462,7 @@ class Lab:
                 "name": r["name"],
                 "address": r["address"],
                 "profile": r["profile"],
-                "leader_pid": r.get("leader_pid"),
+                "leader_pid": current_boot(r).get("leader_pid"),
                 "ssh_key": str(self.key_file),
             }
             for r in sorted(state.get("hosts", {}).values(), key=lambda r: r["index"])
@@ -413,7 +472,7 @@ class Lab:
         state = self.load()
         hosts = []
         for record in sorted(state.get("hosts", {}).values(), key=lambda r: r["index"]):
-            alive = pid_is(record.get("nspawn_pid"), record.get("nspawn_starttime"))
+            alive = host_running(record)
             hosts.append(
                 {
                     "name": record["name"],
@@ -433,7 +492,7 @@ class Lab:
         state = self.load()
         if host not in state.get("hosts", {}):
             raise LabError(f"no host {host!r} in lab {self.name!r} (hosts: {', '.join(state.get('hosts', {}))})")
-        return state["hosts"][host]
+        return current_boot(state["hosts"][host])
 
 
 def all_lab_names() -> list[str]:

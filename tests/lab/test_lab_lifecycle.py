@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ def leftovers(name: str, state: dict) -> list[str]:
     """Everything a lab could leave behind, looked up independently of the lab tool's own code."""
     found = []
     for host in state["hosts"].values():
-        for key in ("nspawn_pid", "leader_pid"):
+        for key in ("supervisor_pid", "nspawn_pid", "leader_pid"):
             pid = host.get(key)
             stat = Path(f"/proc/{pid}/stat")
             if pid and stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
@@ -32,6 +33,14 @@ def leftovers(name: str, state: dict) -> list[str]:
             found.append(f"netns {host['netns']}")
         if subprocess.run(["ip", "link", "show", host["veth"]], capture_output=True).returncode == 0:
             found.append(f"link {host['veth']}")
+    # a host's processes of a later boot (after a reboot) are not in the state file: found by their root folder
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and f"{STATE_ROOT}/{name}/" in cmdline and int(proc.name) != os.getpid():
+            found.append(f"process {proc.name} ({cmdline[:80]})")
     mounts = Path("/proc/self/mounts").read_text()
     found += [f"mount {line.split()[1]}" for line in mounts.splitlines() if f"{STATE_ROOT}/{name}/" in line]
     if subprocess.run(["ip", "link", "show", state["bridge"]], capture_output=True).returncode == 0:
@@ -96,6 +105,38 @@ def test_up_twice_changes_nothing(four_hosts):
     assert again["changed"] is False
     assert again["started"] == []
     assert state_of(NAME)["hosts"] == before["hosts"]
+
+
+def boot_id(host: str) -> str:
+    """The host's boot ID; empty between two boots (exec refuses then)."""
+    return lab("--name", NAME, "exec", host, "--", "cat", "/proc/sys/kernel/random/boot_id", check=False).stdout.strip()
+
+
+def test_a_host_that_reboots_boots_again_like_a_vm(four_hosts):
+    """`systemctl reboot` in a host ends its systemd-nspawn (exit 133); the host's supervisor boots it again, as a
+    VM's hypervisor would, so that a reboot remedy (ansible.builtin.reboot) can be proven on the lab."""
+    host = f"{NAME}-03"
+    before = boot_id(host)
+    shm = "test -e /dev/shm/gpufleet-x && echo kept || echo gone; ps -p 1 -o comm="
+    assert lab("--name", NAME, "exec", host, "--", "sh", "-c", f"touch /dev/shm/gpufleet-x; {shm}").stdout.split() == [
+        "kept",
+        "systemd",
+    ]
+    lab("--name", NAME, "exec", host, "--", "systemctl", "reboot", check=False)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        status = {h["name"]: h["state"] for h in json.loads(lab("--name", NAME, "status").stdout)["hosts"]}
+        if status[host] in ("running", "degraded") and boot_id(host) not in ("", before):
+            break
+        time.sleep(1)
+    else:
+        pytest.fail(f"{host} did not come back from its reboot: {status}")
+    log = (STATE_ROOT / NAME / "hosts" / host / "nspawn.log").read_text()
+    assert "the host rebooted (systemd-nspawn exit 133)" in log
+    # /dev/shm is a new tmpfs (the simulated GPUs' state goes with it, as a real reboot frees GPU memory)
+    assert lab("--name", NAME, "exec", host, "--", "sh", "-c", shm).stdout.split() == ["gone", "systemd"]
+    again = lab_json("--name", NAME, "up", "--hosts", "4")
+    assert again["changed"] is False and host in again["unchanged"]  # a rebooted host is a live host
 
 
 def test_recovers_from_killed_processes(four_hosts):

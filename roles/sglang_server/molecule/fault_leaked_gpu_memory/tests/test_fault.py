@@ -93,3 +93,42 @@ def test_the_leaker_is_not_restored_on_demand(host, held_deploy):
     assert rc != 0
     assert "left GPU memory held when it was stopped" in out and "never a rollback target" in out
     assert props(host) == before and health(host) == "200"
+
+
+# The reboot remedy (issue 12): a leaking version serves again and is last-known-good, never stopped; the next
+# deploy stops it, the memory stays held, and with sglang_server_held_memory_reboot=true (no GPU reset) the
+# role reboots the VM (ansible.builtin.reboot; the lab host's supervisor boots it again, a new boot ID and an
+# empty /dev/shm, where the simulated GPUs keep their state) and starts the new version into the freed GPUs.
+LEAKER = {"sglang_server_environment": {**LAB_ENV, "SGLANG_SIM_FAULT": "leak-gpu-memory"}}
+AFTER_REBOOT = {
+    **NEW,
+    "sglang_server_args_host": {"max-running-requests": 16},
+    "sglang_server_held_memory_reboot": True,
+}
+
+
+@pytest.fixture(scope="module")
+def reboot_deploy(host, held_deploy):
+    rc, out = run_playbook("playbooks/deploy_server.yml", LEAKER)
+    assert rc == 0, out[-3000:]
+    assert manifest(host, "last-good")["stopped_cleanly"] is None  # the leaker again, never stopped
+    boot_id = host.check_output("cat /proc/sys/kernel/random/boot_id")
+    rc, out = run_playbook("playbooks/deploy_server.yml", AFTER_REBOOT)
+    return boot_id, rc, out
+
+
+def test_the_reboot_remedy_frees_the_leak_and_the_new_version_serves(host, reboot_deploy):
+    boot_id, rc, out = reboot_deploy
+    assert rc == 0, out[-3000:]
+    assert "TASK [sglang_server : Reboot]" in out
+    assert host.check_output("cat /proc/sys/kernel/random/boot_id") != boot_id  # the VM did reboot
+    r = report(HOST)
+    assert r["result"] == "ok"
+    assert r["remedy"]["tried"] == ["reboot"] and r["remedy"]["rebooted"] is True
+    assert props(host)["ActiveState"] == "active" and health(host) == "200"
+    assert "Paris" in ask(host, "What is the capital of France?")
+    assert "--max-running-requests 16" in host.file(UNIT_PATH).content_string
+    assert host.check_output("systemctl is-enabled sglang-server.service") == "enabled"  # disabled for the reboot only
+    ours = {str(p["pid"]) for p in unit_processes(host)}
+    assert compute_apps(host) and set(compute_apps(host)) <= ours  # only the new server's schedulers
+    assert manifest(host, "previous-good")["stopped_cleanly"] is False  # the leaker: never a rollback target
