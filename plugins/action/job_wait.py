@@ -100,18 +100,18 @@ class ActionModule(ActionBase):
         res = self._low_level_execute_command(" ".join(shlex.quote(a) for a in argv), sudoable=True)
         return res.get("stdout", "") if res.get("rc") == 0 else None
 
-    def _ended(self, jid: str, async_dir: str) -> bool:
-        text = self._read(["cat", "--", f"{async_dir.rstrip('/')}/{jid}"])
+    def _ended(self, job_file: str) -> bool:
+        text = self._read(["cat", "--", job_file])
         return text is None or job_file_ended(text)  # no job file: async_status says why
 
-    def _progress(self, path: str, task_vars: dict) -> dict | None:
+    def _progress(self, path: str) -> dict | None:
         text = self._read(["cat", "--", path])
         try:
             return json.loads(text) if text else None
         except ValueError:
             return None
 
-    def _log_tail(self, path: str, task_vars: dict) -> str:
+    def _log_tail(self, path: str) -> str:
         return self._read(["tail", "-c", str(LOG_TAIL_CHARS), "--", path]) or ""
 
     def run(self, tmp=None, task_vars=None):
@@ -135,11 +135,12 @@ class ActionModule(ActionBase):
             return result
         host = task_vars.get("inventory_hostname", "?")
         async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
+        job_file = f"{async_dir.rstrip('/')}/{args['jid']}"  # async_wrapper's record of the job
         started = time.monotonic()
         next_print = started + min(args["interval"], 5)
         last = None
         while True:
-            status = self._status(args["jid"], async_dir, task_vars) if self._ended(args["jid"], async_dir) else {}
+            status = self._status(args["jid"], async_dir, task_vars) if self._ended(job_file) else {}
             if status.get("finished") or (status.get("failed") and not status.get("started")):
                 break
             now = time.monotonic()
@@ -155,23 +156,23 @@ class ActionModule(ActionBase):
                 break
             if now >= next_print:
                 if args.get("progress_file"):
-                    last = self._progress(args["progress_file"], task_vars) or last
+                    last = self._progress(args["progress_file"]) or last
                     if last:
                         display.display(progress_line(args["what"], host, args["label"], last))
                 elif args.get("log_file"):
-                    tail = self._log_tail(args["log_file"], task_vars)
+                    tail = self._log_tail(args["log_file"])
                     display.display(log_line(args["what"], host, args["label"], now - started, tail))
                 next_print = now + args["interval"]
             time.sleep(args["poll"])
         if not result.get("failed"):
-            self._read(["rm", "-f", "--", f"{async_dir.rstrip('/')}/{args['jid']}"])  # async_status's cleanup
+            self._read(["rm", "-f", "--", job_file])  # what async_status's cleanup mode does
             for key in ASYNC_KEYS:
                 status.pop(key, None)
             result.update(status)
         if args.get("progress_file"):
-            last = self._progress(args["progress_file"], task_vars) or last
+            last = self._progress(args["progress_file"]) or last
             result["progress"] = last
         if args.get("log_file"):
-            result["log_tail"] = self._log_tail(args["log_file"], task_vars)
+            result["log_tail"] = self._log_tail(args["log_file"])
         result["waited_s"] = round(time.monotonic() - started, 1)
         return result
