@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import ipaddress
 import json
@@ -161,8 +162,37 @@ class Lab:
 
     # ----- up ------------------------------------------------------------------------------------
     def up(self, spec: LabSpec) -> dict:
-        """Make the lab match spec; returns a summary with what changed."""
+        """Make the lab match spec; returns a summary with what changed. The lab's folder stays locked while it
+        runs (busy): until its first host is recorded, a lab being brought up has state and no live host, and
+        `prune` in another process must not take it for a stale one."""
         base = ensure_base(CACHE_DIR, spec.mirror, log=self.log)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with self._dir_locked():
+            return self._up(spec, base)
+
+    @contextlib.contextmanager
+    def _dir_locked(self, wait: bool = True):
+        """flock on the lab's folder (held by `up`); yields False when wait is off and another process holds it."""
+        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
+    def busy(self) -> bool:
+        """Another process is bringing the lab up (it holds the folder's lock)."""
+        try:
+            with self._dir_locked(wait=False) as got:
+                return not got
+        except FileNotFoundError:  # no folder, or a `down` just removed it
+            return False
+
+    def _up(self, spec: LabSpec, base: Path) -> dict:
         state = self.load()
         with network.network_lock():
             # Under the lock: another lab's `up` must see this subnet routed before it picks one.
@@ -175,7 +205,6 @@ class Lab:
                 raise LabError(f"subnet {subnet} has too few addresses for {spec.hosts} hosts")
             network.check_subnet_free(subnet, self.bridge)
             state.update(name=self.name, subnet=str(subnet), bridge=self.bridge, mirror=spec.mirror)
-            self.dir.mkdir(parents=True, exist_ok=True)
             self.save(state)
             gateway = str(next(subnet.hosts()))
             bridge_changed = network.ensure_bridge(self.bridge, f"{gateway}/{subnet.prefixlen}")
@@ -450,9 +479,10 @@ class Lab:
         return str(next(ipaddress.ip_network(state["subnet"]).hosts()))
 
     def is_stale(self) -> bool:
-        """True when the lab has state but none of its hosts is alive (its processes were killed)."""
+        """True when the lab has state but none of its hosts is alive (its processes were killed), and no
+        `up` is bringing it up right now (busy)."""
         hosts = self.load().get("hosts", {}).values()
-        return not any(host_running(h) for h in hosts)
+        return not any(host_running(h) for h in hosts) and not self.busy()
 
     # ----- views ---------------------------------------------------------------------------------
     def instances(self, state: dict | None = None) -> list[dict]:
