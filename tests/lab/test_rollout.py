@@ -170,7 +170,7 @@ def fleet():
     try:
         up = lab_json("--name", NAME, "up", "--hosts", "4", "--routers", "1", "--inventory", str(WORK / "hosts.yml"))
         hosts = {h["name"]: h for h in up["hosts"]}
-        prep = play("roles/sglang_server/molecule/shared/prepare.yml", "-l", "sglang_servers:localhost")
+        prep = play("roles/sglang_server/molecule/shared/prepare.yml")
         assert prep.returncode == 0, prep.stdout[-3000:]
         deploy = play("playbooks/deploy_server.yml", extra=common_extra(sglang_server_serial=4))
         assert deploy.returncode == 0, deploy.stdout[-3000:]

@@ -6,6 +6,7 @@ import json
 from sglang_molecule import ask, exec_start_argv, flag, health, report
 
 RANK = {"mn-0": 0, "mn-1": 1}
+testinfra_hosts = [f"ansible://{name}" for name in RANK]  # the server's nodes (mn-gw is the router's host)
 
 
 def _name(host):
