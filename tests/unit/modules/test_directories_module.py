@@ -1,5 +1,5 @@
-"""directories: the server stage's directories (owner, group, mode) in one module run; changed only when a
-directory was created or its attributes differ; a file in the way is refused by path."""
+"""directories: several directories (owner, group, mode) in one module run (sglang_server, ml_env, fleet_router);
+changed only when a directory was created or its attributes differ; a file in the way is refused by path."""
 
 from __future__ import annotations
 
