@@ -299,53 +299,6 @@ def sglang_gpu_indices(args, gpu_count, table_path=None) -> list[int]:
     return [i for i in indices if i < count] if count else indices
 
 
-def _show_properties(show_stdout) -> dict:
-    props = {}
-    for line in str(show_stdout or "").splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            props[key] = value
-    return props
-
-
-def sglang_main_pid(show_stdout) -> int:
-    """MainPID from ``systemctl show --property=MainPID ...`` output (0: not running)."""
-    try:
-        return int(_show_properties(show_stdout).get("MainPID", "0"))
-    except ValueError:
-        return 0
-
-
-def sglang_env_readback(show_stdout, environ_b64=None, prefix="NCCL_") -> dict:
-    """The ``prefix`` variables the server really runs with, read back, never recomputed.
-
-    ``environ_b64``: the slurped ``/proc/<MainPID>/environ`` (source ``process``); without it the unit's
-    ``Environment=`` from ``systemctl show`` (source ``unit``). Only ``prefix`` names are kept: the process
-    environment also holds the secrets of the EnvironmentFile.
-    """
-    import base64  # noqa: PLC0415
-    import shlex  # noqa: PLC0415
-
-    props = _show_properties(show_stdout)
-    if environ_b64:
-        items = base64.b64decode(environ_b64).decode("utf-8", "replace").split("\0")
-        source = "process"
-    elif "Environment" in props:
-        try:
-            items = shlex.split(props["Environment"])
-        except ValueError:
-            items = props["Environment"].split()
-        source = "unit"
-    else:
-        items, source = [], "none"
-    env = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if sep and key.startswith(prefix):
-            env[key] = value
-    return {"source": source, "main_pid": sglang_main_pid(show_stdout), "nccl_env": dict(sorted(env.items()))}
-
-
 def systemd_exec_args(argv) -> str:
     """Quote argv for ExecStart=: specifiers (%) and variables ($) are escaped, so values are literal."""
     out = []
@@ -502,8 +455,6 @@ class FilterModule:
             "sglang_arg": _wrap(sglang_arg),
             "sglang_gpu_indices": _wrap(sglang_gpu_indices),
             "sglang_merge_flags": _wrap(sglang_merge_flags),
-            "sglang_main_pid": _wrap(sglang_main_pid),
-            "sglang_env_readback": _wrap(sglang_env_readback),
             "sglang_parallel": _wrap(sglang_parallel),
             "systemd_exec_args": _wrap(systemd_exec_args),
             "systemd_environment": _wrap(systemd_environment),

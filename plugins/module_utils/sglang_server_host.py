@@ -67,11 +67,7 @@ def run(argv, timeout=60):
 
 def unit_state(unit, runner=run):
     rc, out, err = runner(["systemctl", "show", unit, "--property=" + ",".join(UNIT_PROPS)])
-    props = {}
-    for line in out.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            props[key] = value
+    props = show_properties(out)
     state = {
         "unit": unit,
         "load_state": props.get("LoadState", ""),
@@ -92,6 +88,48 @@ def unit_state(unit, runner=run):
     if rc != 0:
         state["error"] = err.strip()
     return state
+
+
+def show_properties(out):
+    """``{key: value}`` of ``systemctl show`` output."""
+    props = {}
+    for line in str(out or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            props[key] = value
+    return props
+
+
+def env_readback(props, environ=None, prefix="NCCL_"):
+    """The ``prefix`` variables the server really runs with, read back, never recomputed.
+
+    ``environ``: the bytes of ``/proc/<MainPID>/environ`` (source ``process``); without them the unit's
+    ``Environment=`` from ``systemctl show`` (source ``unit``). Only ``prefix`` names are kept: the process
+    environment also holds the secrets of the EnvironmentFile, and they never leave the host.
+    """
+    import shlex  # noqa: PLC0415
+
+    if environ:
+        items = environ.decode("utf-8", "replace").split("\0")
+        source = "process"
+    elif "Environment" in props:
+        try:
+            items = shlex.split(props["Environment"])
+        except ValueError:
+            items = props["Environment"].split()
+        source = "unit"
+    else:
+        items, source = [], "none"
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if sep and key.startswith(prefix):
+            env[key] = value
+    try:
+        main_pid = int(props.get("MainPID") or 0)
+    except ValueError:
+        main_pid = 0
+    return {"source": source, "main_pid": main_pid, "nccl_env": dict(sorted(env.items()))}
 
 
 def _csv(out):

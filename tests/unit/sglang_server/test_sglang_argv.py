@@ -171,15 +171,3 @@ def test_parallel_layout_problems_name_the_flag():
     par = f.sglang_parallel({"tp-size": 8, "dp-size": 2, "enable-dp-attention": True, "nnodes": 2})
     assert (par["world"], par["per_node"], par["problems"]) == (8, 4, [])
     assert "not divisible by nnodes=3" in f.sglang_parallel({"tp-size": 8, "nnodes": 3})["problems"][0]
-
-
-def test_env_readback_keeps_only_nccl_from_the_process_or_the_unit():
-    import base64
-
-    show = 'MainPID=4242\nEnvironment="CUDA_HOME=/usr/local/cuda 12" NCCL_P2P_LEVEL=PHB NCCL_IB_DISABLE=1\n'
-    environ = base64.b64encode(b"HF_TOKEN=hf_secret\0NCCL_MIN_NCHANNELS=8\0NCCL_SHM_DISABLE=1\0").decode()
-    got = f.sglang_env_readback(show, environ)
-    assert got == {"source": "process", "main_pid": 4242,
-                   "nccl_env": {"NCCL_MIN_NCHANNELS": "8", "NCCL_SHM_DISABLE": "1"}}  # fmt: skip
-    assert f.sglang_env_readback(show)["nccl_env"] == {"NCCL_IB_DISABLE": "1", "NCCL_P2P_LEVEL": "PHB"}
-    assert f.sglang_env_readback("")["source"] == "none" and f.sglang_main_pid("MainPID=0") == 0
