@@ -81,9 +81,13 @@ lab-down:
 lab-status:
 	python -m gpufleet_lab --name $(LAB) status
 
-# Groups in order, stopping at the first that fails; the last line gives each group's time.
+# Groups in order, stopping at the first that fails; the last line gives each group's time. The unit tests, the
+# lab tests and Molecule run in one step: the lab tests leave about 40% of the CPU idle (waits for engines,
+# drains, load), which Molecule takes at a lower priority (nice 10: its labs' processes inherit it), 2 scenarios
+# at a time while the lab tests run (MOLECULE_BESIDE), then MOLECULE_JOBS.
 test:
-	@NO_PRUNE=1 python3 tools/timed_groups.py setup lint lab-prune unit+lab-tests molecule
+	@NO_PRUNE=1 MOLECULE_NICE=10 MOLECULE_BESIDE=lab-tests MOLECULE_JOBS_BESIDE=2 \
+	  python3 tools/timed_groups.py setup lint lab-prune unit+lab-tests+molecule
 
 lint:
 	ruff check .
@@ -97,14 +101,16 @@ lab-prune:
 	python -m gpufleet_lab prune
 
 # --durations: the slowest tests are printed, to see where make test's time goes.
-# Under `make test` the one prune runs before the lab tests and Molecule run side by side (NO_PRUNE=1).
+# Under `make test` the one prune runs before the lab tests and Molecule run side by side (NO_PRUNE=1); the lab
+# tool's own prune skips a lab whose `up` or `down` is under way (it holds the lab folder's lock).
 lab-tests:
 	$(if $(NO_PRUNE),,python -m gpufleet_lab prune)
 	pytest tests/lab --durations=15
 
 molecule:
 	$(if $(NO_PRUNE),,python -m gpufleet_lab prune)
-	.venv/bin/python tools/run_molecule.py $(if $(MOLECULE_JOBS),--jobs $(MOLECULE_JOBS)) $(SCENARIO)
+	$(if $(MOLECULE_NICE),nice -n $(MOLECULE_NICE)) .venv/bin/python tools/run_molecule.py \
+	  $(if $(MOLECULE_JOBS),--jobs $(MOLECULE_JOBS)) $(SCENARIO)
 
 bench-lab: setup
 	.venv/bin/python benchmarks/bench_lab.py

@@ -141,15 +141,60 @@ def fmt(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
+TEST_LOGS = CACHE / "test-logs"
+
+
+def pid_alive(pid: int) -> bool:
+    """The process exists and has not exited (a zombie, ended but not yet reaped, counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def still_running(targets: list[str]) -> list[str]:
+    """The targets of the same `make test` step that still run: their marker (tools/timed_groups.py) exists and
+    names a live process."""
+    alive = []
+    for target in targets:
+        try:
+            pid = int((TEST_LOGS / f"{target}.running").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if pid_alive(pid):
+            alive.append(target)
+    return alive
+
+
 class Runner:
-    def __init__(self, scenarios: list[Scenario], jobs: int):
+    def __init__(self, scenarios: list[Scenario], jobs: int, beside: list[str] | None = None, jobs_beside: int = 0):
         self.scenarios = scenarios
         self.jobs = jobs
+        # While a target named in beside runs in the same make test step (the lab tests), at most jobs_beside
+        # scenarios run at once; the rest wait for it to end, then jobs run at once.
+        self.beside = beside or []
+        self.jobs_beside = jobs_beside or jobs
         self.started = time.monotonic()
         self.lock = threading.Lock()
         self.running: dict[str, subprocess.Popen] = {}
+        self.starting = 0
         self.done = 0
         self.stopping = False
+
+    def _take_slot(self, scenario: Scenario) -> None:
+        """Wait until a scenario may start: fewer than jobs_beside run while a target of beside runs."""
+        waited = False
+        while True:
+            busy = still_running(self.beside) if self.beside and self.jobs_beside < self.jobs else []
+            with self.lock:
+                if not busy or self.starting < self.jobs_beside or self.stopping:
+                    self.starting += 1
+                    break
+            if not waited:
+                self.say(f"wait   {scenario.label}  ({', '.join(busy)} still running: {self.jobs_beside} at a time)")
+                waited = True
+            time.sleep(2)
 
     def stop(self, signum: int, _frame) -> None:
         """SIGINT/SIGTERM: start nothing more, pass the signal on to the running scenarios."""
@@ -166,6 +211,14 @@ class Runner:
 
     def run_one(self, scenario: Scenario) -> Result:
         log = LOG_DIR / f"{scenario.slug}.log"
+        self._take_slot(scenario)
+        try:
+            return self._run_one(scenario, log)
+        finally:
+            with self.lock:
+                self.starting -= 1
+
+    def _run_one(self, scenario: Scenario, log: Path) -> Result:
         if self.stopping:
             log.write_text("not run: the runner was interrupted\n")
             return Result(scenario, None, 0.0, log)
@@ -203,7 +256,12 @@ class Runner:
 
     def run(self) -> list[Result]:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
-        self.say(f"{len(self.scenarios)} Molecule scenarios, {self.jobs} at a time, longest first")
+        beside = (
+            f" ({self.jobs_beside} at a time while {', '.join(self.beside)} runs)"
+            if self.beside and self.jobs_beside < self.jobs
+            else ""
+        )
+        self.say(f"{len(self.scenarios)} Molecule scenarios, {self.jobs} at a time{beside}, longest first")
         previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             with ThreadPoolExecutor(max_workers=self.jobs) as pool:
@@ -223,9 +281,21 @@ def main(argv: list[str]) -> int:
         default=int(os.environ.get("MOLECULE_JOBS") or default_jobs()),
         help="scenarios run at once (env MOLECULE_JOBS; default %(default)s on this machine)",
     )
+    parser.add_argument(
+        "--beside",
+        default=os.environ.get("MOLECULE_BESIDE", ""),
+        help="make targets of the same `make test` step (e.g. lab-tests): while one runs, at most --jobs-beside "
+        "scenarios run at once (env MOLECULE_BESIDE)",
+    )
+    parser.add_argument(
+        "--jobs-beside",
+        type=int,
+        default=int(os.environ.get("MOLECULE_JOBS_BESIDE") or 2),
+        help="scenarios at once while a --beside target runs (env MOLECULE_JOBS_BESIDE; default %(default)s)",
+    )
     args = parser.parse_args(argv)
-    if args.jobs < 1:
-        parser.error("--jobs must be at least 1")
+    if args.jobs < 1 or args.jobs_beside < 1:
+        parser.error("--jobs and --jobs-beside must be at least 1")
     scenarios = discover()
     if args.scenarios:
         wanted = set(args.scenarios)
@@ -240,7 +310,8 @@ def main(argv: list[str]) -> int:
     if not scenarios:
         print("no Molecule scenarios found", file=sys.stderr)
         return 1
-    runner = Runner(ordered(scenarios), min(args.jobs, len(scenarios)))
+    beside = [t for t in args.beside.split(",") if t]
+    runner = Runner(ordered(scenarios), min(args.jobs, len(scenarios)), beside, min(args.jobs_beside, args.jobs))
     results = runner.run()
     wall = time.monotonic() - runner.started
     record_durations(results)

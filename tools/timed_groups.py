@@ -1,12 +1,15 @@
 """Run make targets in steps, stop after the first step that fails, and print each target's time at the end.
 
-`make test` runs `python3 tools/timed_groups.py setup lint lab-prune unit+lab-tests molecule`. A step is one
+`make test` runs `python3 tools/timed_groups.py setup lint lab-prune unit+lab-tests+molecule`. A step is one
 target, or several joined by `+` that run at the same time (each writes its output to
 `.cache/test-logs/<target>.log`; the whole log of each is printed when it ends, so pytest's and the Molecule
-runner's closing lines stay readable and in one piece). Targets of one step must not share a lab, and the
-one `prune` runs before them (`lab-prune`), never while they run. The lab tests and the Molecule scenarios run
-one after the other: run together (2026-11-30) a Molecule scenario lost its lab's test hub while the lab
-tests ran (cause not found) and another ran past its 600 s bound at a load average of 15.
+runner's closing lines stay readable and in one piece; while a target runs, `.cache/test-logs/<target>.running`
+holds its PID, so another target of the step can see it). Targets of one step must not share a lab, and the
+one `prune` runs before them (`lab-prune`). The lab tests and Molecule share a step (2026-12-01): Molecule runs
+at nice 10 and 2 scenarios at a time while the lab tests run (tools/run_molecule.py --beside). A first attempt
+(2026-11-30, 4 scenarios at full priority beside the lab tests, load average 15) lost a lab's test hub and ran
+a scenario past its 600 s bound; the lab tool's prune then took a lab being brought up for a stale one (fixed:
+`up` and `down` hold the lab folder's lock).
 The last line is the summary, for example:
 
   make test: PASS  setup 2s, lint 41s, lab-prune 1s, unit 4m31s, lab-tests 6m50s, molecule 15m03s; total 17m07s
@@ -34,6 +37,12 @@ def run_alone(make: str, target: str) -> tuple[int, str]:
     return rc, f"{target} {fmt(time.monotonic() - started)}{'' if rc == 0 else ' (FAILED)'}"
 
 
+def running_marker(logs: Path, target: str) -> Path:
+    """A file that exists while the target runs in a step (it holds the target's PID): a target of the same step
+    can see which others still run (tools/run_molecule.py --beside)."""
+    return logs / f"{target}.running"
+
+
 def run_together(make: str, targets: list[str]) -> tuple[int, list[str]]:
     """Start every target at once; print each one's log as it ends; first failure decides rc."""
     logs = Path(".cache/test-logs")
@@ -46,6 +55,7 @@ def run_together(make: str, targets: list[str]) -> tuple[int, list[str]]:
         proc = subprocess.Popen(
             [make, "--no-print-directory", target], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
+        running_marker(logs, target).write_text(f"{proc.pid}\n")
         running[target] = (proc, log, log_path)
         print(f"[{target}] started (output: {log_path})", flush=True)
     times: dict[str, str] = {}
@@ -56,6 +66,7 @@ def run_together(make: str, targets: list[str]) -> tuple[int, list[str]]:
             if code is None:
                 continue
             log.close()
+            running_marker(logs, target).unlink(missing_ok=True)
             del running[target]
             took = fmt(time.monotonic() - started)
             print(f"\n===== {target}: {'ok' if code == 0 else f'FAILED (rc {code})'} after {took} =====", flush=True)

@@ -172,8 +172,13 @@ class Lab:
 
     @contextlib.contextmanager
     def _dir_locked(self, wait: bool = True):
-        """flock on the lab's folder (held by `up`); yields False when wait is off and another process holds it."""
-        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        """flock on the lab's folder (held by `up` and `down`); yields True when taken, False when wait is off and
+        another process holds it, None when there is no folder."""
+        try:
+            fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            yield None
+            return
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
@@ -185,12 +190,9 @@ class Lab:
             os.close(fd)
 
     def busy(self) -> bool:
-        """Another process is bringing the lab up (it holds the folder's lock)."""
-        try:
-            with self._dir_locked(wait=False) as got:
-                return not got
-        except FileNotFoundError:  # no folder, or a `down` just removed it
-            return False
+        """Another process is bringing the lab up or down (it holds the folder's lock)."""
+        with self._dir_locked(wait=False) as got:
+            return got is False
 
     def _up(self, spec: LabSpec, base: Path) -> dict:
         state = self.load()
@@ -451,6 +453,11 @@ class Lab:
         shutil.rmtree(record["dir"], ignore_errors=True)
 
     def down(self) -> dict:
+        """Take the lab down; its folder stays locked meanwhile (busy), so a `prune` in another process leaves it."""
+        with self._dir_locked():
+            return self._down()
+
+    def _down(self) -> dict:
         state = self.load()
         removed = []
         for name, record in sorted(state.get("hosts", {}).items()):

@@ -63,3 +63,16 @@ def test_up_holds_the_lock_while_it_brings_the_lab_up(state_root, monkeypatch):
 
 def test_a_removed_folder_is_not_busy(state_root):
     assert not Lab("never-made").busy()
+
+
+def test_down_holds_the_lock_while_it_takes_the_lab_down(state_root, monkeypatch):
+    lab = _lab_without_hosts("going-down")
+    seen = {}
+
+    def fake_down(self):
+        seen["busy_for_prune"] = Lab(self.name).busy()
+        return {"lab": self.name, "removed": [], "changed": False}
+
+    monkeypatch.setattr(Lab, "_down", fake_down)
+    lab.down()
+    assert seen == {"busy_for_prune": True}

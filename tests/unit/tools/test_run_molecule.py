@@ -168,3 +168,45 @@ def test_committed_estimates_name_existing_scenarios():
 def test_default_jobs_for_two_cores(project, monkeypatch):
     monkeypatch.setattr(project.os, "cpu_count", lambda: 2)
     assert project.default_jobs() == 4
+
+
+def test_beside_the_lab_tests_fewer_scenarios_run_until_they_end(project, monkeypatch, capsys):
+    """make test runs the lab tests and Molecule in one step: while lab-tests runs (its marker names a live
+    process), at most --jobs-beside scenarios run; when it ends, --jobs do."""
+    import subprocess
+    import time
+
+    logs = project.test_root / ".cache" / "test-logs"
+    logs.mkdir(parents=True)
+    monkeypatch.setattr(project, "TEST_LOGS", logs)
+    lab_tests = subprocess.Popen(["sleep", "3"])
+    (logs / "lab-tests.running").write_text(f"{lab_tests.pid}\n")
+    for name in ("meet-a", "meet-b", "meet-c"):
+        add(project.test_root, "role1", name)
+    monkeypatch.setenv("FAKE_MEET", "3")  # each passes only once all three run at once
+    try:
+        assert project.main(["--jobs", "3", "--beside", "lab-tests", "--jobs-beside", "1"]) == 0
+    finally:
+        lab_tests.wait()
+    ended = time.time()
+    out = capsys.readouterr().out
+    assert "3 at a time (1 at a time while lab-tests runs)" in out
+    assert out.count("(lab-tests still running: 1 at a time)") == 2
+    starts = sorted(p.stat().st_mtime for p in project.record.parent.glob("meet-*.started"))
+    assert starts[1] - starts[0] >= 2.0 and starts[2] <= ended  # the 2nd and 3rd waited for the lab tests
+
+
+def test_a_marker_of_a_gone_process_does_not_hold_scenarios_back(project, monkeypatch, capsys):
+    logs = project.test_root / ".cache" / "test-logs"
+    logs.mkdir(parents=True)
+    monkeypatch.setattr(project, "TEST_LOGS", logs)
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (logs / "lab-tests.running").write_text(f"{gone.pid}\n")  # left by a killed make test
+    for name in ("meet-a", "meet-b"):
+        add(project.test_root, "role1", name)
+    monkeypatch.setenv("FAKE_MEET", "2")
+    assert project.main(["--jobs", "2", "--beside", "lab-tests", "--jobs-beside", "1"]) == 0
+    assert "still running" not in capsys.readouterr().out

@@ -63,3 +63,18 @@ def test_timed_groups_step_of_targets_run_together(tmp_path):
     last = proc.stdout.rstrip().splitlines()[-1]
     assert last.startswith("make test: FAIL  a ") and "b " in last and "(FAILED)" in last and "not run: c" in last
     assert (tmp_path / ".cache/test-logs/a.log").read_text().strip() == "A-SAW-B"
+
+
+def test_each_target_of_a_step_has_a_running_marker_until_it_ends(tmp_path):
+    # tools/run_molecule.py --beside reads these markers: a sees b's marker (b's PID) while b runs; none is left.
+    (tmp_path / "Makefile").write_text(
+        "a:\n\t@for i in $$(seq 50); do [ -e .cache/test-logs/b.running ] && break; sleep 0.1; done; "
+        "cat .cache/test-logs/b.running; touch a.done\n"
+        "b:\n\t@for i in $$(seq 50); do [ -e a.done ] && break; sleep 0.1; done\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(TIMED), "a+b"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stdout
+    assert (tmp_path / ".cache/test-logs/a.log").read_text().strip().isdigit()
+    assert list((tmp_path / ".cache/test-logs").glob("*.running")) == []
