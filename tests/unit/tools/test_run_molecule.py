@@ -64,8 +64,12 @@ def project(tmp_path, monkeypatch):
     monkeypatch.setattr(module, "EPHEMERAL_ROOT", root / ".cache" / "molecule")
     monkeypatch.setattr(module, "DURATIONS_FILE", root / ".cache" / "molecule-durations.json")
     monkeypatch.setattr(module, "ESTIMATES_FILE", root / "estimates.json")
+    monkeypatch.setattr(module, "TEST_LOGS", root / ".cache" / "test-logs")
     monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record.jsonl"))
-    monkeypatch.delenv("MOLECULE_JOBS", raising=False)
+    # `make test` runs these unit tests beside the lab tests and exports MOLECULE_BESIDE=lab-tests: the runner
+    # under test must not see the real project's markers nor that environment (CI failed on it once).
+    for name in ("MOLECULE_JOBS", "MOLECULE_BESIDE", "MOLECULE_JOBS_BESIDE", "MOLECULE_NICE"):
+        monkeypatch.delenv(name, raising=False)
     module.test_root = root
     module.record = tmp_path / "record.jsonl"
     return module
@@ -176,9 +180,8 @@ def test_beside_the_lab_tests_fewer_scenarios_run_until_they_end(project, monkey
     import subprocess
     import time
 
-    logs = project.test_root / ".cache" / "test-logs"
+    logs = project.TEST_LOGS
     logs.mkdir(parents=True)
-    monkeypatch.setattr(project, "TEST_LOGS", logs)
     lab_tests = subprocess.Popen(["sleep", "3"])
     (logs / "lab-tests.running").write_text(f"{lab_tests.pid}\n")
     for name in ("meet-a", "meet-b", "meet-c"):
@@ -197,9 +200,8 @@ def test_beside_the_lab_tests_fewer_scenarios_run_until_they_end(project, monkey
 
 
 def test_a_marker_of_a_gone_process_does_not_hold_scenarios_back(project, monkeypatch, capsys):
-    logs = project.test_root / ".cache" / "test-logs"
+    logs = project.TEST_LOGS
     logs.mkdir(parents=True)
-    monkeypatch.setattr(project, "TEST_LOGS", logs)
     import subprocess
 
     gone = subprocess.Popen(["true"])
