@@ -43,7 +43,9 @@ def tokenizer_files() -> dict[str, bytes]:
     return {n: files[n] for n in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")}
 
 
-def payload() -> bytes:
+def payload(tokenizer: bool = True) -> bytes:
+    """A tar of the simulated engine's package (``sglang_sim/``) and, with ``tokenizer``, the model's tokenizer
+    files (``tokenizer/``)."""
     tar = io.BytesIO()
     with tarfile.open(fileobj=tar, mode="w") as tf:
         tf.add(
@@ -51,7 +53,7 @@ def payload() -> bytes:
             "sglang_sim",
             filter=lambda t: None if "__pycache__" in t.name else t,
         )
-        for name, data in tokenizer_files().items():
+        for name, data in (tokenizer_files() if tokenizer else {}).items():
             info = tarfile.TarInfo(f"tokenizer/{name}")
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))

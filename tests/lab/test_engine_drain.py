@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import io
 import json
 import shlex
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 
 import collection_jinja
 import jinja2
 import pytest
+import simfleet
 from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_host as host_utils  # noqa: E402
 from conftest import LAB_ENV, ROOT, lab, lab_json
 from lab_host import health
@@ -110,14 +109,8 @@ def inventory(tmp_path_factory):
 def host(inventory):
     result = lab_json("--name", NAME, "up", "--hosts", "1", "--profile", "h200x2-vm", "--inventory", str(inventory))
     address = result["hosts"][0]["address"]
-    tar = io.BytesIO()
-    with tarfile.open(fileobj=tar, mode="w") as tf:
-        tf.add(
-            ROOT / "lab/sglang-sim/src/sglang_sim",
-            "sglang_sim",
-            filter=lambda t: None if "__pycache__" in t.name else t,
-        )
-    sh("mkdir -p /opt/sglang-sim && tar -x -C /opt/sglang-sim && chmod -R a+rX /opt/sglang-sim", tar.getvalue())
+    sh("mkdir -p /opt/sglang-sim && tar -x -C /opt/sglang-sim && chmod -R a+rX /opt/sglang-sim",
+       simfleet.payload(tokenizer=False))  # fmt: skip
     sh("mkdir -p /usr/local/libexec/gpufleet && cat > /usr/local/libexec/gpufleet/sglang-log-redact "
        "&& chmod 0755 /usr/local/libexec/gpufleet/sglang-log-redact", LAUNCHER.read_bytes())  # fmt: skip
     sh(
