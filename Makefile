@@ -6,6 +6,10 @@ export PYTHONPATH := $(CURDIR)/lab
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 # Tests and the lab never reach for the Hugging Face hub.
 export HF_HUB_OFFLINE := 1
+# Python keeps its bytecode caches here, whatever the calling shell says (PYTHONDONTWRITEBYTECODE=1 on our
+# machines): make test starts thousands of Python processes (ansible-playbook and its workers, pytest, the lab
+# tool, the simulated engines), and without the caches each of them compiles everything it imports again.
+unexport PYTHONDONTWRITEBYTECODE
 
 HOSTS ?= 2
 # Gateway hosts (the router, group fleet_routers) of the lab.
@@ -41,7 +45,7 @@ apt:
 
 venv:
 	@command -v uv >/dev/null || python3 -m pip install --quiet uv
-	uv sync --frozen --quiet
+	uv sync --frozen --quiet --compile-bytecode
 
 collections: venv
 	.venv/bin/python tools/install_collections.py

@@ -64,7 +64,8 @@ INSTALL = (
     "set -e; d=/usr/lib/python3/dist-packages; mkdir -p " + MODEL_DIR + " /opt/ml-env/releases/sim/bin; "
     "tar -x -C $d; mv $d/tokenizer/* " + MODEL_DIR + "/; rmdir $d/tokenizer; "
     "ln -sf /usr/bin/python3 /opt/ml-env/releases/sim/bin/python; "
-    "ln -sfn /opt/ml-env/releases/sim /opt/ml-env/current; chmod -R a+rX $d/sglang_sim " + MODEL_DIR
+    "ln -sfn /opt/ml-env/releases/sim /opt/ml-env/current; python3 -m compileall -q $d/sglang_sim; "
+    "chmod -R a+rX $d/sglang_sim " + MODEL_DIR
 )
 
 

@@ -92,7 +92,8 @@ def build() -> Path:
     subprocess.run([uv(), "venv", "--quiet", "--python", str(base), str(tmp)], check=True)
     env = dict(os.environ, VIRTUAL_ENV=str(tmp))
     subprocess.run(
-        [uv(), "pip", "install", "--quiet", "--no-deps", "--require-hashes", "-r", str(LOCK_DIR / "requirements.txt")],
+        [uv(), "pip", "install", "--quiet", "--no-deps", "--require-hashes", "--compile-bytecode",
+         "-r", str(LOCK_DIR / "requirements.txt")],
         check=True, env=env,
     )  # fmt: skip
     # the venv's scripts name the temporary path; python -m works regardless, and nothing uses the scripts

@@ -108,6 +108,7 @@ def host(tmp_path_factory):
             h,
             f"set -e; python3 -m venv --without-pip {RELEASE}; "
             f"{RELEASE}/bin/python -m zipfile -e /root/sglang_sim.whl {RELEASE}/lib/python3.11/site-packages; "
+            f"{RELEASE}/bin/python -m compileall -q {RELEASE}/lib/python3.11/site-packages; "
             f"chmod -R a+rX {RELEASE} /usr/local/libexec/gpufleet; "
             "id sglang >/dev/null 2>&1 || "
             "useradd --system --home-dir /var/lib/sglang --shell /usr/sbin/nologin sglang; "

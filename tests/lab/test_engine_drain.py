@@ -109,7 +109,8 @@ def inventory(tmp_path_factory):
 def host(inventory):
     result = lab_json("--name", NAME, "up", "--hosts", "1", "--profile", "h200x2-vm", "--inventory", str(inventory))
     address = result["hosts"][0]["address"]
-    sh("mkdir -p /opt/sglang-sim && tar -x -C /opt/sglang-sim && chmod -R a+rX /opt/sglang-sim",
+    sh("mkdir -p /opt/sglang-sim && tar -x -C /opt/sglang-sim && python3 -m compileall -q /opt/sglang-sim "
+       "&& chmod -R a+rX /opt/sglang-sim",
        simfleet.payload(tokenizer=False))  # fmt: skip
     sh("mkdir -p /usr/local/libexec/gpufleet && cat > /usr/local/libexec/gpufleet/sglang-log-redact "
        "&& chmod 0755 /usr/local/libexec/gpufleet/sglang-log-redact", LAUNCHER.read_bytes())  # fmt: skip

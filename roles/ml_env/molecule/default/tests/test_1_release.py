@@ -33,6 +33,17 @@ def test_release_runs_the_engine_from_the_lock(host):
     assert sorted(freeze) == ["gpufleet-lab-kernel==0.1.0", "sglang-sim==0.1.0"]
 
 
+def test_the_release_brings_its_bytecode(host):
+    """uv compiled the release when it installed it (ml_env_compile_bytecode): the server's user cannot write
+    bytecode caches into the root-owned release, so without them every start compiles every import again."""
+    python = f"{ROOT}/current/bin/python"
+    site = host.check_output(f"{python} -c 'import os, sglang_sim; print(os.path.dirname(sglang_sim.__file__))'")
+    for module in ("__init__", "launch_server", "scheduler"):
+        cached = host.file(f"{site}/__pycache__/{module}.cpython-311.pyc")
+        assert cached.is_file, f"{site}/{module}.py has no bytecode in the release ({cached.path} is missing)"
+    assert host.run(f"runuser -u sglang -- test -w {site}/__pycache__").rc != 0, "the release is writable by sglang"
+
+
 def test_uv_is_the_pinned_static_binary(host):
     assert host.check_output(f"{ROOT}/tools/uv-0.13.9/uv --version").startswith("uv 0.13.9")
 
