@@ -46,6 +46,34 @@ def rollout_hostvar(hosts: list, hostvars, name: str, default=None) -> dict:
     return {h: hostvars[h].get(name, default) if h in hostvars else default for h in hosts}
 
 
+def rollout_decisions(hosts: list, hostvars, pipeline: str) -> dict:
+    """What the decide play found on each worker of the rollout: {"restart": [...], "unchanged": [...],
+    "refused": {host: why}}, hosts in the order given.
+
+    pipeline server: the sglang_server role ran with sglang_server_restart_deferred on every host at once; a host
+    whose result is `deferred` must restart (in its batch), one whose result is `unchanged` was proven by a
+    generation where it runs and never leaves the router; a host whose role failed there (fact
+    rollout_plan_refusal) or that gave no result (unreachable) refuses the whole rollout. pipeline full: the
+    earlier stages run in the batches and can change what the server runs, so every host takes its turn."""
+    decided: dict = {"restart": [], "unchanged": [], "refused": {}}
+    for name in hosts:
+        if pipeline != "server":
+            decided["restart"].append(name)
+            continue
+        hv = hostvars[name] if name in hostvars else {}
+        refusal = hv.get("rollout_plan_refusal")
+        result = str(hv.get("sglang_server_result", ""))
+        if refusal is not None:
+            decided["refused"][name] = str(refusal) or "the server stage failed"
+        elif result == "deferred":
+            decided["restart"].append(name)
+        elif result == "unchanged":
+            decided["unchanged"].append(name)
+        else:
+            decided["refused"][name] = f"no decision from the server stage (result {result or 'none'}: unreachable?)"
+    return decided
+
+
 def _max_unavailable(value, total: int) -> int:
     if isinstance(value, str) and value.strip().endswith("%"):
         return max(1, int(int(value.strip()[:-1]) / 100.0 * total))
@@ -111,5 +139,6 @@ class FilterModule:
             "rollout_capacity_problems": rollout_capacity_problems,
             "rollout_worker_models": rollout_worker_models,
             "rollout_hostvar": rollout_hostvar,
+            "rollout_decisions": rollout_decisions,
             "rollout_multinode_problems": rollout_multinode_problems,
         }

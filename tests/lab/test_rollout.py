@@ -7,7 +7,9 @@ In order, on the same lab (one bring-up):
    long requests in flight when each worker leaves the router) sees zero failed requests; a second rollout
    started meanwhile is refused with the first one's lock owner; each host restarted exactly once; the
    router lists the four workers at the end;
-3. a rollout of another flag change with a start fault on the third host stops at that batch: the host is
+3. the same rollout again changes nothing: every host is proven where it runs, none leaves the router, no batch
+   runs, nothing restarts;
+4. a rollout of another flag change with a start fault on the third host stops at that batch: the host is
    rolled back and out of the router, the fourth is untouched (same unit, same start), the first two keep
    the new flag; exit status and report say so.
 """
@@ -264,6 +266,43 @@ def test_rollout_under_load_has_zero_failed_requests_and_a_second_rollout_is_ref
         assert starts.strip() == "1", f"{h} started {starts.strip()} times"
     urls = sorted(w["url"] for w in router_workers(gw["address"]) if w["is_healthy"])
     assert urls == sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+    assert all(not files for files in lock_files(fleet).values())
+
+
+def test_a_rollout_with_nothing_to_change_restarts_nothing_and_no_worker_leaves_the_router(fleet):
+    """The same configuration again: every host is proven by a generation where it runs (the decide play), no batch
+    runs, no worker leaves the router at any moment, nothing restarts; the report says so and the locks are back."""
+    gw = fleet[GATEWAY]
+    before = {h: unit_state(fleet[h]) for h in SERVERS}
+    everyone = sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+    seen: list[list[str]] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(sorted(w["url"] for w in router_workers(gw["address"]) if w["is_healthy"]))
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        proc = play("playbooks/rollout.yml", extra=common_extra(
+            rollout_serial=[1, "100%"], rollout_max_unavailable=3,
+            sglang_server_args_host={"chunked-prefill-size": 4096},
+        ))  # fmt: skip
+    finally:
+        stop.set()
+        watcher.join(timeout=30)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "nothing to restart" in proc.stdout
+    assert "skipping: no hosts matched" in proc.stdout  # the batch play had no host
+    report = json.loads((WORK / "reports/rollout/last.json").read_text())
+    assert report["result"] == "ok" and report["batches"] == [] and report["batch_timings"] == []
+    assert report["hosts"] == dict.fromkeys(SERVERS, "unchanged") and report["unchanged_in_place"] == SERVERS
+    assert len(seen) >= 5 and all(view == everyone for view in seen), [v for v in seen if v != everyone][:3]
+    assert {h: unit_state(fleet[h]) for h in SERVERS} == before
+    deploy = {h: json.loads((WORK / f"reports/deploy/{h}.json").read_text()) for h in SERVERS}
+    assert all(d["result"] == "unchanged" and d["health"]["ok"] for d in deploy.values()), deploy
     assert all(not files for files in lock_files(fleet).values())
 
 

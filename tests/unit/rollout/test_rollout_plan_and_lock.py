@@ -108,6 +108,46 @@ def test_a_rollout_over_a_multinode_server_is_refused_naming_the_way_to_restart_
     assert rollout.rollout_multinode_problems(["h200-01", "h200-02"], MN_HOSTVARS, MN_GROUPS) == []
 
 
+def test_only_the_hosts_that_must_restart_take_part_in_the_batches():
+    """The decide play ran the server stage with deferred restarts on every host: deferred -> a batch, unchanged ->
+    proven in place (never out of the router), a failure there or no result at all -> the rollout is refused."""
+    hostvars = {
+        "s1": {"sglang_server_result": "deferred"},
+        "s2": {"sglang_server_result": "unchanged"},
+        "s3": {"sglang_server_result": "deferred"},
+        "s4": {"sglang_server_result": "unchanged"},
+    }
+    decided = rollout.rollout_decisions(["s1", "s2", "s3", "s4"], hostvars, "server")
+    assert decided == {"restart": ["s1", "s3"], "unchanged": ["s2", "s4"], "refused": {}}
+    assert rollout.rollout_batches(decided["restart"], [1, "25%", "100%"]) == [["s1"], ["s3"]]
+    # a no-op rollout: nothing to restart, no batch at all
+    noop = {h: {"sglang_server_result": "unchanged"} for h in hostvars}
+    assert rollout.rollout_decisions(list(noop), noop, "server")["restart"] == []
+    assert rollout.rollout_batches([], [1, "25%", "100%"]) == []
+
+
+def test_a_host_that_failed_or_gave_no_decision_refuses_the_rollout():
+    hostvars = {
+        "s1": {"sglang_server_result": "deferred"},
+        "s2": {"sglang_server_result": "failed", "rollout_plan_refusal": "SGLANG SERVER DEPLOY FAILED on s2: bad flag"},
+        "s3": {},  # unreachable during the decide play: it never got a result
+    }
+    decided = rollout.rollout_decisions(["s1", "s2", "s3"], hostvars, "server")
+    assert decided["restart"] == ["s1"]
+    assert decided["refused"] == {
+        "s2": "SGLANG SERVER DEPLOY FAILED on s2: bad flag",
+        "s3": "no decision from the server stage (result none: unreachable?)",
+    }
+
+
+def test_a_full_pipeline_rollout_takes_every_host_through_its_batch():
+    """The earlier stages (CUDA toolkit, ml-env, weights) run in the batches and can change what the server runs."""
+    hostvars = {"s1": {}, "s2": {"sglang_server_result": "unchanged"}}
+    assert rollout.rollout_decisions(["s1", "s2"], hostvars, "full") == {
+        "restart": ["s1", "s2"], "unchanged": [], "refused": {},
+    }  # fmt: skip
+
+
 def test_extra_smg_flags():
     argv = fleet_router.smg_extra_argv({"request-timeout-secs": 600, "log-json": True, "x": False, "n": ["a", "b"]})
     assert argv == ["--request-timeout-secs", "600", "--log-json", "--n", "a", "b"]
