@@ -60,7 +60,7 @@ def rollout_decisions(hosts: list, hostvars, pipeline: str) -> dict:
         if pipeline != "server":
             decided["restart"].append(name)
             continue
-        hv = hostvars[name] if name in hostvars else {}
+        hv = hostvars.get(name, {})
         refusal = hv.get("rollout_plan_refusal")
         result = str(hv.get("sglang_server_result", ""))
         if refusal is not None:

@@ -445,6 +445,22 @@ def sglang_is_loopback(host) -> bool:
     return text == "localhost" or text == "::1" or re.fullmatch(r"127(\.[0-9]{1,3}){3}", text) is not None
 
 
+def sglang_port_holder_problems(probe, port) -> list[str]:
+    """The refusal of a server port that another program listens on, from sglang_server_probe's result
+    (``port_foreign``: listeners outside the unit, with their PIDs and units); empty when the port is free or
+    the unit's own."""
+    foreign = list((probe or {}).get("port_foreign") or [])
+    if not foreign:
+        return []
+    local = ", ".join(str(f.get("local", "")) for f in foreign)
+    pids = ", ".join(str(p) for f in foreign for p in f.get("pids") or []) or "unknown"
+    units = ", ".join(str(u) for f in foreign for u in f.get("units") or []) or "none"
+    return [
+        f"port {port} is taken by another program ({local}, PIDs {pids}, units {units}): free it or choose another "
+        "port (sglang_server_args_*: port)"
+    ]
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -464,6 +480,7 @@ class FilterModule:
             "sglang_model_is_local": _wrap(sglang_model_is_local),
             "sglang_regex_problems": _wrap(sglang_regex_problems),
             "sglang_is_loopback": _wrap(sglang_is_loopback),
+            "sglang_port_holder_problems": _wrap(sglang_port_holder_problems),
             "sglang_table_options": _wrap(sglang_table_options),
             "sglang_table_version": _wrap(sglang_table_version),
             "sglang_journal_match": journal_match,

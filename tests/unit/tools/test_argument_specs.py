@@ -220,8 +220,19 @@ def test_validate_inputs_first_and_the_same_generic_checks_in_every_role():
         assert (
             "validate_inputs.yml" in text
             or (role == "ml_env" and "rollback" in text)
-            or (role == "sglang_server" and "validate.yml" in text)
+            or (role == "sglang_server" and "validate_and_prepare.yml" in text)
         ), f"{role}: tasks/main.yml must check its inputs first: {text}"
+    # sglang_server: its first block starts the clock, then validates (validate.yml first, validate_inputs.yml first
+    # in it) unless the host is a restart the plan play of the same run validated already.
+    tasks_dir = ROOT / "roles" / "sglang_server" / "tasks"
+    block = main_first["sglang_server"]["block"]
+    assert "ansible.builtin.set_fact" in block[0]
+    assert block[1]["ansible.builtin.include_tasks"] == "validate_and_prepare.yml"
+    assert block[1]["when"] == "not sglang_server_restart_planned | bool"
+    assert yaml.safe_load((tasks_dir / "validate_and_prepare.yml").read_text())[0]["ansible.builtin.import_tasks"] == (
+        "validate.yml"
+    )
+    assert "validate_inputs.yml" in json.dumps(yaml.safe_load((tasks_dir / "validate.yml").read_text())[0])
 
 
 # ---- end to end -------------------------------------------------------------------------------------------
