@@ -2,8 +2,9 @@
 
 The one pattern for long waits in gpufleet (model staging, ml-env installs and kernel builds, the server's
 readiness): start the work as an async task (``async: N``, ``poll: 0``), then ``gpufleet.fleet.job_wait``
-polls the job every ``poll`` seconds and, every ``interval`` seconds, prints one line per host read from the
-job's JSON progress file (``progress_file``) or from the tail of its log (``log_file``).
+polls the job (first after 0.25 s, the wait doubling up to ``poll`` seconds) and, every ``interval``
+seconds, prints one line per host read from the job's JSON progress file (``progress_file``) or from the tail of
+its log (``log_file``).
 A poll reads the job file with ``cat`` over the connection (no Python module on the host: the lab measured
 Ansible module runs over ssh as most of a run's CPU); once the file says the job ended, the result is taken
 with ansible-core's own async_status module, so the task returns exactly what async_status would.
@@ -32,6 +33,15 @@ ASYNC_KEYS = (
     "erased",
 )
 LOG_TAIL_CHARS = 4000
+# The first check comes this soon and the wait doubles up to `poll`: a job that ends in half a second (a no-op
+# staging, a cached step) is seen after about 0.75 s instead of one whole `poll` (2 s by default), and a long
+# job costs three checks more.
+FIRST_POLL_S = 0.25
+
+
+def poll_delay(checks_done: int, poll: float) -> float:
+    """Seconds to sleep after the given number of checks: FIRST_POLL_S, doubled each time, at most poll."""
+    return min(poll, FIRST_POLL_S * 2 ** min(checks_done, 16))
 
 
 def duration(seconds: float | None) -> str:
@@ -139,6 +149,7 @@ class ActionModule(ActionBase):
         started = time.monotonic()
         next_print = started + min(args["interval"], 5)
         last = None
+        checks = 0
         while True:
             status = self._status(args["jid"], async_dir, task_vars) if self._ended(job_file) else {}
             if status.get("finished") or (status.get("failed") and not status.get("started")):
@@ -163,7 +174,8 @@ class ActionModule(ActionBase):
                     tail = self._log_tail(args["log_file"])
                     display.display(log_line(args["what"], host, args["label"], now - started, tail))
                 next_print = now + args["interval"]
-            time.sleep(args["poll"])
+            time.sleep(poll_delay(checks, args["poll"]))
+            checks += 1
         if not result.get("failed"):
             self._read(["rm", "-f", "--", job_file])  # what async_status's cleanup mode does
             for key in ASYNC_KEYS:

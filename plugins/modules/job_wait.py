@@ -42,7 +42,9 @@ options:
     type: int
     default: 30
   poll:
-    description: Seconds between checks of the job.
+    description:
+      - Seconds between checks of the job once it has run a while (the first check comes after 0.25 s and the
+        wait doubles up to this).
     type: float
     default: 2.0
   timeout:

@@ -43,3 +43,14 @@ def test_a_poll_reads_the_job_file_as_async_status_does():
     assert job_wait.job_file_ended((FIXTURES / "finished-ok.json").read_text()[:40]) is False
     # async_wrapper's own failure record carries finished
     assert job_wait.job_file_ended('{"started": 1, "finished": 1, "failed": 1, "msg": "x"}') is True
+
+
+def test_a_short_job_is_seen_soon_and_a_long_one_is_checked_every_poll():
+    """The first check comes after 0.25 s and the wait doubles up to `poll`: a no-op staging that ends in half a
+    second is not waited on for a whole poll, and a long job is not checked more often than every `poll` s."""
+    delays = [job_wait.poll_delay(n, 2.0) for n in range(6)]
+    assert delays == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
+    # a job that ends after 0.6 s is seen at the third check, 0.75 s after the start
+    assert sum(delays[:2]) == 0.75
+    assert [job_wait.poll_delay(n, 0.1) for n in range(3)] == [0.1, 0.1, 0.1]
+    assert job_wait.poll_delay(10_000, 2.0) == 2.0
