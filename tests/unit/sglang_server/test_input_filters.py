@@ -41,3 +41,17 @@ def test_the_pinned_table_gives_exact_options_only():
     problems = f.sglang_flag_problems({"tp": 8, "max-running-request": 8}, options, "SGLang 0.5.9")
     assert "--tp is not an option of SGLang 0.5.9" in problems[0] and "--tp-size" in problems[0]
     assert "did you mean --max-running-requests" in problems[1]
+
+
+def test_a_port_held_by_another_program_is_refused_naming_it_and_the_fix():
+    """The probe's foreign listeners (sglang_server_probe's port_foreign) become one refusal that names the port,
+    the listener, its PIDs and unit, and the variable to change; the unit's own listener or a free port: none."""
+    probe = {"port_foreign": [{"local": "0.0.0.0:8001", "pids": [4242], "units": ["foreign-listener.service"]}]}
+    assert f.sglang_port_holder_problems(probe, 8001) == [
+        "port 8001 is taken by another program (0.0.0.0:8001, PIDs 4242, units foreign-listener.service): "
+        "free it or choose another port (sglang_server_args_*: port)"
+    ]
+    unknown = f.sglang_port_holder_problems({"port_foreign": [{"local": "[::]:8001", "pids": [], "units": []}]}, 8001)
+    assert unknown[0].startswith("port 8001 is taken by another program ([::]:8001, PIDs unknown, units none)")
+    assert f.sglang_port_holder_problems({"port_foreign": []}, 8001) == []
+    assert f.sglang_port_holder_problems(None, 8001) == []
