@@ -97,6 +97,24 @@ def sglang_restart_hosts(names, hostvars):
     return out
 
 
+def sglang_unconverged_hosts(names, hostvars, groups):
+    """The hosts a deploy.yml runs every stage on: those the converged check did not prove (its
+    ``sglang_server_converged.converged``), and every node of a multi-node server (the hosts of its
+    ``sglang_server_multinode_group``) of which one node was not proven, since its nodes restart together."""
+    proven = {n for n in names if (hostvars[n].get("sglang_server_converged") or {}).get("converged") is True}
+    out = []
+    for name in names:
+        group = str(hostvars[name].get("sglang_server_multinode_group") or "")
+        nodes = [n for n in (groups.get(group) or []) if n in names] if group else [name]
+        if not all(n in proven for n in nodes or [name]):
+            out.append(name)
+    return out
+
+
 class FilterModule:
     def filters(self):
-        return {"sglang_restart_plan": sglang_restart_plan, "sglang_restart_hosts": sglang_restart_hosts}
+        return {
+            "sglang_restart_plan": sglang_restart_plan,
+            "sglang_restart_hosts": sglang_restart_hosts,
+            "sglang_unconverged_hosts": sglang_unconverged_hosts,
+        }

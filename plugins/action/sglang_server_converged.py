@@ -1,0 +1,285 @@
+"""Action plugin: the fast path of a no-op deploy.yml (docs/sglang-server.md, "A no-op deploy").
+
+``mode: check`` computes on the controller the digests of the run's inputs for this host (every variable the host
+has in this play, templated, minus Ansible's own and facts; gpufleet's code; ansible-core's version), runs the
+module of the same name on the host to compare them and the host's state with the record of its last converged
+deploy, and proves a converged rank 0 by a generation (the sglang_server_smoke module with the recorded
+arguments). It returns ``converged``, ``reasons``, ``health`` and ``inputs`` (registered, not a fact: a fact would
+be cached for later runs; the record of this run is written with them by ``mode: record`` at the end of the server
+stage).
+``mode: record`` runs the module as it is. ``mode: report`` runs nothing on the host: it writes the converged
+host's deploy report on the controller (the last full report, its result, health and times renewed).
+Documentation of the options: plugins/modules/sglang_server_converged.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import tempfile
+import time
+
+from ansible.plugins.action import ActionBase
+
+SCHEMA = "gpufleet.sglang_server.deploy/v1"
+# What is not an input of a deploy: Ansible's own variables (only the connection's are kept), the play's state
+# and this fast path's own switch.
+NOT_INPUTS = frozenset(
+    (
+        "hostvars",
+        "groups",
+        "group_names",
+        "inventory_hostname",
+        "inventory_hostname_short",
+        "inventory_dir",
+        "inventory_file",
+        "playbook_dir",
+        "play_hosts",
+        "role_names",
+        "role_path",
+        "role_name",
+        "role_uuid",
+        "omit",
+        "environment",
+        "vars",
+    )
+)
+CONNECTION_VARS = frozenset(
+    (
+        "ansible_host",
+        "ansible_port",
+        "ansible_user",
+        "ansible_connection",
+        "ansible_python_interpreter",
+        "ansible_become",
+        "ansible_become_user",
+        "ansible_become_method",
+    )
+)
+OWN_PREFIX = "sglang_server_converged"
+# The collection's code: what a role or playbook does is in these folders (relative to the collection root).
+CODE_FOLDERS = ("roles", "playbooks", "plugins", "templates", "locks", "meta")
+CODE_FILES = ("galaxy.yml", "deploy.yml")
+
+
+def is_input(name: str, facts: set[str]) -> bool:
+    if name in NOT_INPUTS or name.startswith(OWN_PREFIX) or name in facts:
+        return False
+    return not name.startswith("ansible_") or name in CONNECTION_VARS
+
+
+def code_digest(root: str) -> str:
+    """sha256 over the collection's code files (path and content), __pycache__ left out."""
+    digest = hashlib.sha256()
+    for top in CODE_FOLDERS:
+        for folder, dirs, files in os.walk(os.path.join(root, top)):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(files):
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as handle:
+                    digest.update(handle.read())
+    for name in CODE_FILES:
+        path = os.path.join(root, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as handle:
+                digest.update(name.encode() + b"\0" + handle.read())
+    return digest.hexdigest()
+
+
+def path_digest(path: str) -> str | None:
+    """Size and mtime of a controller file named by an input (a lock, a key, a runfile), or None. Directories are
+    not read: what a stage takes from one (a wheelhouse, a model source) is pinned by a lock or a revision, which
+    are inputs, and an output directory (the reports) changes every run."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return f"{st.st_size}:{st.st_mtime_ns}" if os.path.isfile(path) else None
+
+
+def controller_paths(value) -> list[str]:
+    """Absolute paths among a value's strings."""
+    if isinstance(value, str):
+        return [value] if value.startswith("/") and "\n" not in value and len(value) < 4096 else []
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in controller_paths(v)]
+    if isinstance(value, (list, tuple)):
+        return [p for v in value for p in controller_paths(v)]
+    return []
+
+
+def value_digest(name: str, value) -> str:
+    """A short digest of one input: its templated value and the controller paths it names."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    paths = {p: path_digest(p) for p in controller_paths(value)}
+    blob = f"{name}\0{text}\0{json.dumps(paths, sort_keys=True)}"
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def input_digests(variables: dict, template, code: str, ansible_version: str) -> dict:
+    """{code, ansible, vars: {name: digest}} of a host's inputs; ``template(value)`` templates one value (a value
+    that cannot be templated yet, as one naming a fact of this run, counts as written)."""
+    facts = set((variables.get("ansible_facts") or {}).keys())
+    facts |= {"ansible_" + f for f in facts}
+    digests = {}
+    for name in sorted(variables):
+        if not is_input(name, facts):
+            continue
+        raw = variables[name]
+        try:
+            value = template(raw)
+        except Exception:  # noqa: BLE001  (undefined now: a fact of this run; the text is the input)
+            value = raw
+        digests[name] = value_digest(name, value)
+    digests["group_names"] = value_digest("group_names", sorted(variables.get("group_names") or []))
+    return {"code": code, "ansible": ansible_version, "vars": digests}
+
+
+def multinode_peers(variables: dict) -> list:
+    """The members of the host's multi-node group and their addresses (a server's units name its rank 0)."""
+    group = variables.get("sglang_server_multinode_group") or ""
+    if not isinstance(group, str) or group not in (variables.get("groups") or {}):
+        return []
+    hostvars = variables.get("hostvars") or {}
+    return [[h, str((hostvars.get(h) or {}).get("ansible_host", h))] for h in variables["groups"][group]]
+
+
+def renewed_report(previous: dict, host: str, check: dict, health: dict, seconds: float, record_path: str) -> dict:
+    """The deploy report of a host proven converged: the last full report with its result, health, times and the
+    engine's main PID renewed (the unit, its files and the GPUs are the recorded ones, so its versions, flags and
+    environment are)."""
+    report = dict(previous) if previous.get("schema") == SCHEMA else {"schema": SCHEMA, "host": host}
+    report.update(
+        {
+            "host": host,
+            "finished_at": datetime.datetime.now(datetime.UTC).replace(tzinfo=None).isoformat(),
+            "result": "unchanged",
+            "failure": {},
+            "message": "",
+            "restart_reasons": [],
+            "restart": {},
+            "rollback": {},
+            "remedy": {},
+            "held_memory": {},
+            "timings": {"converged_check_s": round(seconds, 3), "total_s": round(seconds, 3)},
+            "converged": {
+                "fast_path": True,
+                "record": record_path,
+                "last_full_deploy_at": (previous.get("converged") or {}).get("last_full_deploy_at")
+                or previous.get("finished_at", ""),
+            },
+        }
+    )
+    report["engine_env"] = dict(report.get("engine_env") or {}, main_pid=int(check.get("main_pid") or 0))
+    if health:
+        versions = dict(report.get("versions") or {})
+        versions.update(engine=health.get("engine_version", ""), engine_is_simulator=bool(health.get("simulator")))
+        report["versions"] = versions
+        report["health"] = {
+            "ok": bool(health.get("ok")),
+            "checked_on": host,
+            "health_status": health.get("health_status"),
+            "models": health.get("models", []),
+            "prompts": health.get("prompts", []),
+            "journal_errors": health.get("journal_errors", []),
+            "failures": health.get("failures", []),
+        }
+    else:  # rank > 0: rank 0 answered for the server in the same check
+        report["health"] = dict(report.get("health") or {}, ok=True)
+    return report
+
+
+def write_json(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".report.")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(data, indent=4, sort_keys=True) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+class ActionModule(ActionBase):
+    _VALID_ARGS = frozenset(("mode", "record_path", "inputs", "unit", "node_rank", "smoke", "nvidia_smi",
+                             "enabled", "report_dir", "check"))  # fmt: skip
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        args = dict(self._task.args)
+        mode = args.get("mode")
+        if mode == "report":
+            return self._report(result, args, task_vars["inventory_hostname"])
+        if mode == "record":
+            args.pop("enabled", None)
+            args.pop("report_dir", None)
+            result.update(self._execute_module(module_name="gpufleet.fleet.sglang_server_converged",
+                                               module_args=args, task_vars=task_vars))  # fmt: skip
+            return result
+
+        started = time.monotonic()
+        root = os.path.dirname(os.path.dirname(task_vars["role_path"]))
+        variables = dict(task_vars)
+        inputs = input_digests(
+            variables,
+            self._templar.template,
+            code_digest(root),
+            str((task_vars.get("ansible_version") or {}).get("full", "")),
+        )
+        peers = multinode_peers(variables)
+        if peers:
+            inputs["vars"]["multinode_peers"] = value_digest("multinode_peers", peers)
+        result.update(changed=False, inputs=inputs, health={})
+        if not self._task.args.get("enabled", True):
+            result.update(converged=False, reasons=["sglang_server_converged_fast_path is false"], main_pid=0)
+            return result
+        module_args = {"mode": "check", "record_path": args["record_path"], "inputs": inputs}
+        if args.get("nvidia_smi"):
+            module_args["nvidia_smi"] = args["nvidia_smi"]
+        check = self._execute_module(module_name="gpufleet.fleet.sglang_server_converged",
+                                     module_args=module_args, task_vars=task_vars)  # fmt: skip
+        if check.get("failed") or check.get("unreachable"):
+            result.update(check)
+            return result
+        reasons = list(check.get("reasons") or [])
+        health = {}
+        if not reasons and check.get("smoke"):
+            smoke_args = dict(check["smoke"], unit=check.get("unit", ""), invocation_id=check.get("invocation_id", ""))
+            health = self._execute_module(module_name="gpufleet.fleet.sglang_server_smoke",
+                                          module_args=smoke_args, task_vars=task_vars)  # fmt: skip
+            health.pop("invocation", None)
+            if health.get("unreachable"):
+                result.update(health)
+                return result
+            if health.get("failed"):
+                failures = health.get("failures") or [str(health.get("msg"))]
+                reasons.append("the health check by generation failed: " + " | ".join(failures))
+        result.update(
+            converged=not reasons,
+            reasons=reasons,
+            health={k: v for k, v in health.items() if k not in ("failed", "msg", "changed", "warnings")},
+            unit=check.get("unit", ""),
+            node_rank=check.get("node_rank", 0),
+            main_pid=check.get("main_pid", 0),
+            record_path=args["record_path"],
+            seconds=round(time.monotonic() - started, 3),
+        )
+        return result
+
+    def _report(self, result, args, host):
+        """Write the converged host's deploy report on the controller (no module on the host)."""
+        check = args.get("check") or {}
+        path = os.path.join(args["report_dir"], f"{host}.json")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                previous = json.load(handle)
+        except (OSError, ValueError):
+            previous = {}
+        report = renewed_report(previous, host, check, check.get("health") or {}, float(check.get("seconds") or 0),
+                                check.get("record_path", ""))  # fmt: skip
+        if not self._task.check_mode:
+            write_json(path, report)
+        result.update(changed=False, report=path, result=report["result"])
+        return result
