@@ -58,14 +58,17 @@ CONNECTION_VARS = frozenset(
         "ansible_become_method",
     )
 )
-OWN_PREFIX = "sglang_server_converged"
+# This fast path's own switch and results, and the rollout's variables: how a rollout runs (batches, budget,
+# locks, its reports) is not what a host runs, so a no-op rollout.yml (-e rollout_serial=...) finds the record of
+# the last deploy.yml as a no-op deploy.yml does.
+NOT_INPUT_PREFIXES = ("sglang_server_converged", "rollout_")
 # The collection's code: what a role or playbook does is in these folders (relative to the collection root).
 CODE_FOLDERS = ("roles", "playbooks", "plugins", "templates", "locks", "meta")
 CODE_FILES = ("galaxy.yml", "deploy.yml")
 
 
 def is_input(name: str, facts: set[str]) -> bool:
-    if name in NOT_INPUTS or name.startswith(OWN_PREFIX) or name in facts:
+    if name in NOT_INPUTS or name.startswith(NOT_INPUT_PREFIXES) or name in facts:
         return False
     return not name.startswith("ansible_") or name in CONNECTION_VARS
 

@@ -17,41 +17,56 @@ DOCUMENTATION = r"""
 module: sglang_server_converged
 short_description: Record a converged deploy on the host, or check a no-op deploy against that record
 description:
-  - I(mode=record) (the last task of a deploy.yml run that went through every stage and left the server healthy,
+  - >-
+    I(mode=record) (the last task of a deploy.yml run that went through every stage and left the server healthy,
     result C(ok) or C(unchanged)) writes a JSON record (root, 0600): the digests of the run's inputs (I(inputs),
-    computed on the controller by the action plugin of the same name) and the unit's closure, the GPUs and the
+    computed on the controller by the action plugin of the same name), the unit's closure, the GPUs and the
     arguments of the health check by generation.
-  - The unit's closure is read from systemd, not from role variables, so any playbook that changes the server
+  - >-
+    The unit's closure is read from systemd, not from role variables, so any playbook that changes the server
     (deploy_server.yml, restart.yml, rollback.yml) or a hand edit is seen: the unit file and its drop-ins, its
     EnvironmentFiles (sha256), every absolute path in ExecStartPre and ExecStart (a file's sha256, or size and
     mtime above 4 MiB; a directory's tree of names, sizes and mtimes, as the model directory; each with the real
     path of its parent, so C(/opt/ml-env/current/bin/python) names its release) and every absolute path in the
     unit's Environment (real path and type only: caches change while the server runs). Paths under /run, /tmp,
     /proc, /dev and /var/cache are not read (the engine writes them).
-  - I(mode=check) (the first play of deploy.yml) compares the record with I(inputs) and with the host now: the
+  - >-
+    I(mode=check) (the first play of deploy.yml) compares the record with I(inputs) and with the host now: the
     closure, the unit active and running, the GPUs (index, UUID, driver version from nvidia-smi). It returns
     C(converged) and one reason per difference; it never fails for a difference and never changes the host.
     The action plugin then proves a converged host by a generation (sglang_server_smoke with the recorded
-    arguments and the running start's InvocationID) and writes its deploy report.
-  - What the check does not read again (a full run does): packages and their holds, the ml-env release's files
+    arguments and the running start's InvocationID); I(mode=report) of the action writes its deploy report on the
+    controller.
+  - >-
+    What the check does not read again (a full run does): packages and their holds, the ml-env release's files
     (a release is immutable and named by its lock), the content of model files (their names, sizes and mtimes are
     read), foreign GPU processes. C(sglang_server_converged_fast_path=false) sends every host through every stage.
 options:
   mode:
-    description: "C(check) or C(record)."
+    description: >-
+      C(check) or C(record) (on the host); C(report) runs nothing on the host: the action plugin writes the converged
+      host's deploy report on the controller from I(check).
     type: str
-    choices: [check, record]
+    choices: [check, record, report]
     required: true
-  record_path:
-    description: "Where the record is on the host."
+  enabled:
+    description: "(check, action plugin) false: no check, the host goes through every stage."
+    type: bool
+    default: true
+  report_dir:
+    description: "(report, action plugin) Controller directory of the deploy reports (<dir>/<host>.json)."
     type: path
-    required: true
+  check:
+    description: "(report, action plugin) The registered result of I(mode=check) for this host."
+    type: dict
+  record_path:
+    description: "Where the record is on the host (check, record)."
+    type: path
   inputs:
     description: >-
       Digests of the run's inputs, C({code, ansible, vars: {name: digest}}), from the action plugin (check) or the
       check's registered result C(sglang_server_converged.inputs) (record).
     type: dict
-    required: true
   unit:
     description: "The server's systemd unit (record; the check takes it from the record)."
     type: str
