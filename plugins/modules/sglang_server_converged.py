@@ -9,8 +9,10 @@ import os
 import re
 import shlex
 import tempfile
+from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import hash_file
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import run
 
 DOCUMENTATION = r"""
@@ -151,14 +153,6 @@ UNIT_PROPS = (
 ARGV_RX = re.compile(r"argv\[\]=(.*?) ; ignore_errors=")
 
 
-def sha256_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def tree_digest(root):
     """Digest of a directory tree's names, sizes and mtimes (not contents), and its entry count."""
     digest, count = hashlib.sha256(), 0
@@ -191,9 +185,8 @@ def path_state(path, content=True):
         if content:
             try:
                 st = os.stat(path)
-                state["sha256"] = (
-                    sha256_file(path) if st.st_size <= HASH_MAX_BYTES else f"size {st.st_size} mtime {st.st_mtime_ns}"
-                )
+                big = st.st_size > HASH_MAX_BYTES
+                state["sha256"] = f"size {st.st_size} mtime {st.st_mtime_ns}" if big else hash_file(Path(path))[0]
             except OSError as exc:
                 state["sha256"] = f"unreadable: {exc.strerror}"
     return state
