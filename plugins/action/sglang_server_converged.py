@@ -1,7 +1,8 @@
 """Action plugin: the fast path of a no-op deploy.yml (docs/sglang-server.md, "A no-op deploy").
 
-``mode: check`` computes on the controller the digests of the run's inputs for this host (every variable the host
-has in this play, templated, minus Ansible's own and facts; gpufleet's code; ansible-core's version), runs the
+``mode: check`` computes on the controller the digests of the run's inputs for this host (its variables from the
+inventory and the extra vars, templated, minus Ansible's own and facts; gpufleet's code, which holds the role
+defaults and play vars; ansible-core's version), runs the
 module of the same name on the host to compare them and the host's state with the record of its last converged
 deploy, and proves a converged rank 0 by a generation (the sglang_server_smoke module with the recorded
 arguments). It returns ``converged``, ``reasons``, ``health`` and ``inputs`` (registered, not a fact: a fact would
@@ -21,6 +22,7 @@ import os
 import tempfile
 import time
 
+from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 SCHEMA = "gpufleet.sglang_server.deploy/v1"
@@ -224,7 +226,7 @@ class ActionModule(ActionBase):
 
         started = time.monotonic()
         root = os.path.dirname(os.path.dirname(task_vars["role_path"]))
-        variables = dict(task_vars)
+        variables = self._inventory_variables(task_vars)
         inputs = input_digests(
             variables,
             self._templar.template,
@@ -270,6 +272,23 @@ class ActionModule(ActionBase):
             seconds=round(time.monotonic() - started, 3),
         )
         return result
+
+    def _inventory_variables(self, task_vars: dict) -> dict:
+        """The host's variables from the inventory and the extra vars only (no role defaults, no play vars: they are
+        code; no fact or variable set by this run): the same set in deploy.yml's first play and in any later play
+        of any playbook (rollout.yml checks in its decide play, after its plan play's set_facts)."""
+        manager = getattr(self._task, "_variable_manager", None)
+        inventory = getattr(manager, "_inventory", None)
+        host = inventory.get_host(task_vars["inventory_hostname"]) if inventory else None
+        if host is None:
+            raise AnsibleActionFail("sglang_server_converged: no variable manager on the task (ansible-core changed?)")
+        variables = dict(manager.get_vars(host=host, include_hostvars=False))
+        for cache in (getattr(manager, "_nonpersistent_fact_cache", {}), getattr(manager, "_vars_cache", {})):
+            for name in cache.get(host.name, {}) or {}:
+                variables.pop(name, None)
+        variables.setdefault("groups", task_vars.get("groups", {}))
+        variables.setdefault("hostvars", task_vars.get("hostvars", {}))
+        return variables
 
     def _report(self, result, args, host):
         """Write the converged host's deploy report on the controller (no module on the host)."""
