@@ -9,7 +9,8 @@ tmp/perf-fleet (two levels under the project, so the lab group_vars' paths resol
 mirror, test hub, wheelhouses) as `make deploy` uses it. Steps:
 
 1. first `deploy.yml` on every host (all servers restart at once: `sglang_server_serial=N`);
-2. no-op `deploy.yml` limited to one server host, then to every server host (`-l sglang_servers`; the gateway
+2. no-op `deploy.yml` (each host proven in place by the converged check, `hosts_proven_in_place`) limited to one
+   server host, then to every server host (`-l sglang_servers`; the gateway
    stage has no host in either run), alternating, `--repeats` times each: best wall time and the ratio
    N hosts / 1 host (issue 15's goal: at most 1.5);
 3. no-op `rollout.yml` (its default batches `[1, "25%", "100%"]`, with `rollout_max_unavailable: 100%`: the
@@ -79,11 +80,14 @@ def noop_pair(playbook_name: str, one: str, many: str, repeats: int, extra: dict
     """Best no-op wall time limited to one host and to many, alternating; the ratio; what changed (must be 0)."""
     samples: dict[str, list[float]] = {"one": [], "many": []}
     changed: dict[str, dict] = {}
+    proven: dict[str, int] = {}
     for _ in range(repeats):
         for key, limit in (("one", one), ("many", many)):
             wall, out = playbook(playbook_name, "-l", limit, extra=extra)
             samples[key].append(round(wall, 2))
             changed[key] = {h: c["changed"] for h, c in recap(out).items() if c.get("changed")}
+            # hosts the converged check proved in place (they skipped every stage, or the rollout's server stage)
+            proven[key] = out.count(": converged, proven in place")
     best = {k: min(v) for k, v in samples.items()}
     return {
         "limit_one": one,
@@ -92,6 +96,7 @@ def noop_pair(playbook_name: str, one: str, many: str, repeats: int, extra: dict
         "many_hosts_s": {"best": best["many"], "samples": samples["many"]},
         "many_over_one": round(best["many"] / best["one"], 2),
         "changed_tasks_by_host": changed,  # a no-op changes nothing (report folders aside)
+        "hosts_proven_in_place": proven,
     }
 
 

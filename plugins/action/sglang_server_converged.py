@@ -46,6 +46,8 @@ NOT_INPUTS = frozenset(
         "omit",
         "environment",
         "vars",
+        # how many servers restart at once: how a run goes, not what a host runs
+        "sglang_server_serial",
     )
 )
 CONNECTION_VARS = frozenset(

@@ -163,6 +163,7 @@ def test_inputs_are_the_hosts_variables_not_ansibles_own_nor_facts_nor_the_switc
         "sglang_server_converged_fast_path": True,
         "sglang_server_converged": {"converged": False},
         "rollout_serial": [1, "100%"],
+        "sglang_server_serial": 8,
         "model_weights_revision": "{{ lab_revision }}",
     }
 
