@@ -7,8 +7,8 @@ each changes what it should and nothing else.
   restart    playbooks/restart.yml: a new server process, same unit, release, model and flags
   deploy B   playbooks/deploy_server.yml with another flag value (the server stage alone)
   rollback   playbooks/rollback.yml: version A serves again, with the staged model
-  no-op      deploy.yml twice: the second proves the host as the first recorded it, no stage runs
-  hand edit  the unit edited by hand: the next deploy.yml goes through every stage and restores it
+  hand edit  the unit edited by hand: the next deploy.yml goes through every stage, restores it and records it
+  no-op      deploy.yml again: the host is as recorded, proven in place by a generation, no stage runs
 """
 
 from __future__ import annotations
@@ -107,25 +107,6 @@ def test_deploy_b_then_rollback_playbook_restores_a(host, deployed):
 STAGE_PLAYS = 7  # preflight, validate, cuda_toolkit, ml_env, model_weights, server plan, server restart
 
 
-def test_a_second_deploy_proves_the_host_in_place_and_skips_every_stage(host, deployed):
-    # After the rollback the first deploy.yml makes the host converged again and records it; the second compares
-    # inputs and unit with that record, proves the server by a generation and runs no stage at all.
-    rc, out = run_playbook("deploy.yml")
-    assert rc == 0, out[-4000:]
-    before = serving(host)
-    rc, out = run_playbook("deploy.yml")
-    assert rc == 0, out[-4000:]
-    assert f"{HOST}: converged, proven in place by a generation" in out, out[-4000:]
-    stages = out.split("PLAY [Preflight", 1)[1]
-    assert stages.count("skipping: no hosts matched") >= STAGE_PLAYS and "TASK [" not in stages, out[-4000:]
-    recap = re.search(rf"^{HOST}\s+: ok=(\d+)\s+changed=(\d+)\s", out, re.M)
-    assert recap and int(recap[1]) <= 6 and recap[2] == "0", out[-2000:]  # the check's few tasks, no stage
-    assert serving(host)["engine"]["pid"] == before["engine"]["pid"]  # nothing restarted
-    r = report(HOST)
-    assert r["result"] == "unchanged" and r["health"]["ok"] is True and r["converged"]["fast_path"] is True
-    assert r["versions"]["ml_env_release"] == deployed["release"] and r["restart_reasons"] == []
-
-
 def test_a_hand_edited_unit_sends_the_next_deploy_through_every_stage_which_repairs_it(host, deployed):
     host.run(f"echo '# edited by hand' >> {UNIT_PATH}")
     before = serving(host)
@@ -139,3 +120,20 @@ def test_a_hand_edited_unit_sends_the_next_deploy_through_every_stage_which_repa
     r = report(HOST)
     assert r["result"] == "ok" and "converged" not in r and r["health"]["ok"] is True
     assert_answers(host)
+
+
+def test_the_next_deploy_proves_the_host_in_place_and_skips_every_stage(host, deployed):
+    # The deploy.yml of the hand-edit test made the host converged again and recorded it; this one compares inputs
+    # and unit with that record, proves the server by a generation and runs no stage at all.
+    before = serving(host)
+    rc, out = run_playbook("deploy.yml")
+    assert rc == 0, out[-4000:]
+    assert f"{HOST}: converged, proven in place by a generation" in out, out[-4000:]
+    stages = out.split("PLAY [Preflight", 1)[1]
+    assert stages.count("skipping: no hosts matched") >= STAGE_PLAYS and "TASK [" not in stages, out[-4000:]
+    recap = re.search(rf"^{HOST}\s+: ok=(\d+)\s+changed=(\d+)\s", out, re.M)
+    assert recap and int(recap[1]) <= 6 and recap[2] == "0", out[-2000:]  # the check's few tasks, no stage
+    assert serving(host)["engine"]["pid"] == before["engine"]["pid"]  # nothing restarted
+    r = report(HOST)
+    assert r["result"] == "unchanged" and r["health"]["ok"] is True and r["converged"]["fast_path"] is True
+    assert r["versions"]["ml_env_release"] == deployed["release"] and r["restart_reasons"] == []
