@@ -4,10 +4,10 @@
 inventory and the extra vars, templated, minus Ansible's own and facts; gpufleet's code, which holds the role
 defaults and play vars; ansible-core's version), runs the
 module of the same name on the host to compare them and the host's state with the record of its last converged
-deploy, and proves a converged rank 0 by a generation (the sglang_server_smoke module with the recorded
-arguments). It returns ``converged``, ``reasons``, ``health`` and ``inputs`` (registered, not a fact: a fact would
-be cached for later runs; the record of this run is written with them by ``mode: record`` at the end of the server
-stage).
+deploy and, in the same module run, to prove a converged rank 0 by a generation (sglang_server_smoke's checks with
+the recorded arguments). It returns ``converged``, ``reasons``, ``health`` and ``inputs`` (registered, not a
+fact: a fact would be cached for later runs; the record of this run is written with them by ``mode: record`` at the
+end of the server stage).
 ``mode: record`` runs the module as it is. ``mode: report`` runs nothing on the host: it writes the converged
 host's deploy report on the controller (the last full report, its result, health and times renewed).
 Documentation of the options: plugins/modules/sglang_server_converged.py.
@@ -251,22 +251,13 @@ class ActionModule(ActionBase):
             result.update(check)
             return result
         reasons = list(check.get("reasons") or [])
-        health = {}
-        if not reasons and check.get("smoke"):
-            smoke_args = dict(check["smoke"], unit=check.get("unit", ""), invocation_id=check.get("invocation_id", ""))
-            health = self._execute_module(module_name="gpufleet.fleet.sglang_server_smoke",
-                                          module_args=smoke_args, task_vars=task_vars)  # fmt: skip
-            health.pop("invocation", None)
-            if health.get("unreachable"):
-                result.update(health)
-                return result
-            if health.get("failed"):
-                failures = health.get("failures") or [str(health.get("msg"))]
-                reasons.append("the health check by generation failed: " + " | ".join(failures))
+        health = check.get("health") or {}
+        if check.get("warnings"):
+            result["warnings"] = check["warnings"]
         result.update(
             converged=not reasons,
             reasons=reasons,
-            health={k: v for k, v in health.items() if k not in ("failed", "msg", "changed", "warnings")},
+            health={k: v for k, v in health.items() if k != "changed"},
             unit=check.get("unit", ""),
             node_rank=check.get("node_rank", 0),
             main_pid=check.get("main_pid", 0),

@@ -14,6 +14,7 @@ from pathlib import Path
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import hash_file
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import run
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_smoke import prove
 
 DOCUMENTATION = r"""
 module: sglang_server_converged
@@ -36,9 +37,9 @@ description:
     I(mode=check) (the first play of deploy.yml) compares the record with I(inputs) and with the host now: the
     closure, the unit active and running, the GPUs (index, UUID, driver version from nvidia-smi). It returns
     C(converged) and one reason per difference; it never fails for a difference and never changes the host.
-    The action plugin then proves a converged host by a generation (sglang_server_smoke with the recorded
-    arguments and the running start's InvocationID); I(mode=report) of the action writes its deploy report on the
-    controller.
+    A converged rank 0 is then proven by a generation in the same module run (the checks of sglang_server_smoke,
+    module_utils/sglang_server_smoke.py, with the recorded arguments and the running start's InvocationID);
+    I(mode=report) of the action writes its deploy report on the controller.
   - >-
     What the check does not read again (a full run does): packages and their holds, the ml-env release's files
     (a release is immutable and named by its lock), the content of model files (their names, sizes and mtimes are
@@ -111,6 +112,12 @@ reasons:
   description: "(check) One line per difference (empty when converged)."
   returned: always
   type: list
+health:
+  description: >-
+    (check) The result of the health check by generation (sglang_server_smoke's return values) when everything else
+    matched the record on rank 0; empty otherwise.
+  returned: always
+  type: dict
 smoke:
   description: "(check) The recorded arguments of the health check by generation (empty on rank > 0)."
   returned: always
@@ -363,10 +370,20 @@ def main():
 
     if p["mode"] == "check":
         reasons = check(record, p["inputs"], props, closure, gpus)
+        health = {}
+        if not reasons and record.get("smoke"):
+            # the health check by generation in the same run (sglang_server_smoke's checks): one module per host
+            smoke = dict(record["smoke"], unit=unit, invocation_id=result["invocation_id"])
+            health = prove(smoke, module.no_log_values)
+            for remark in health["remarks"]:
+                module.warn(remark)
+            if health["failures"]:
+                reasons.append("the health check by generation failed: " + " | ".join(health["failures"]))
         module.exit_json(
             changed=False,
             converged=not reasons,
             reasons=reasons,
+            health=health,
             smoke=record.get("smoke") or {},
             node_rank=int(record.get("node_rank", 0)),
             **result,
