@@ -19,11 +19,12 @@ import datetime
 import hashlib
 import json
 import os
-import tempfile
 import time
+from pathlib import Path
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
+from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import read_json, write_json
 
 SCHEMA = "gpufleet.sglang_server.deploy/v1"
 # What is not an input of a deploy: Ansible's own variables (only the connection's are kept), the play's state
@@ -199,15 +200,6 @@ def renewed_report(previous: dict, host: str, check: dict, health: dict, seconds
     return report
 
 
-def write_json(path: str, data: dict) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".report.")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(data, indent=4, sort_keys=True) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 class ActionModule(ActionBase):
     _VALID_ARGS = frozenset(("mode", "record_path", "inputs", "unit", "node_rank", "smoke", "nvidia_smi",
                              "enabled", "report_dir", "check"))  # fmt: skip
@@ -239,7 +231,7 @@ class ActionModule(ActionBase):
         if peers:
             inputs["vars"]["multinode_peers"] = value_digest("multinode_peers", peers)
         result.update(changed=False, inputs=inputs, health={})
-        if not self._task.args.get("enabled", True):
+        if not args.get("enabled", True):
             result.update(converged=False, reasons=["sglang_server_converged_fast_path is false"], main_pid=0)
             return result
         module_args = {"mode": "check", "record_path": args["record_path"], "inputs": inputs}
@@ -286,15 +278,12 @@ class ActionModule(ActionBase):
     def _report(self, result, args, host):
         """Write the converged host's deploy report on the controller (no module on the host)."""
         check = args.get("check") or {}
-        path = os.path.join(args["report_dir"], f"{host}.json")
-        try:
-            with open(path, encoding="utf-8") as handle:
-                previous = json.load(handle)
-        except (OSError, ValueError):
-            previous = {}
+        path = Path(args["report_dir"]) / f"{host}.json"
+        previous = read_json(path)
         report = renewed_report(previous, host, check, check.get("health") or {}, float(check.get("seconds") or 0),
                                 check.get("record_path", ""))  # fmt: skip
         if not self._task.check_mode:
+            path.parent.mkdir(parents=True, exist_ok=True)
             write_json(path, report)
-        result.update(changed=False, report=path, result=report["result"])
+        result.update(changed=False, report=str(path), result=report["result"])
         return result

@@ -91,12 +91,13 @@ def unit_state(unit, runner=run):
 
 
 def show_properties(out):
-    """``{key: value}`` of ``systemctl show`` output."""
+    """``{key: value}`` of ``systemctl show`` output; a key shown on several lines (EnvironmentFiles, ExecStart with
+    more than one command) keeps every line, joined by newlines."""
     props = {}
     for line in str(out or "").splitlines():
         key, sep, value = line.partition("=")
         if sep:
-            props[key] = value
+            props[key] = f"{props[key]}\n{value}" if key in props else value
     return props
 
 

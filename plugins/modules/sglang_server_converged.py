@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import hash_file
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import run
+from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import hash_file, read_json
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import run, show_properties
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_smoke import prove
 
 DOCUMENTATION = r"""
@@ -253,20 +253,9 @@ def gpu_list(nvidia_smi, runner=run):
     return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
 
 
-def unit_properties(out):
-    """{key: value} of `systemctl show` output; a key shown on several lines (EnvironmentFiles, ExecStart) keeps
-    every line, joined by newlines."""
-    props = {}
-    for line in str(out or "").splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            props[key] = f"{props[key]}\n{value}" if key in props else value
-    return props
-
-
 def read_unit(unit, runner=run):
     rc, out, _err = runner(["systemctl", "show", unit, "--property=" + ",".join(UNIT_PROPS)])
-    return unit_properties(out) if rc == 0 else {}
+    return show_properties(out) if rc == 0 else {}
 
 
 def input_differences(recorded, inputs):
@@ -324,14 +313,6 @@ def check(record, inputs, props, closure, gpus):
     return reasons
 
 
-def read_record(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return {}
-
-
 def write_atomically(path, text):
     folder = os.path.dirname(path)
     os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -361,7 +342,7 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    record = read_record(p["record_path"])
+    record = read_json(Path(p["record_path"]))
     unit = p["unit"] if p["mode"] == "record" else record.get("unit", "")
     props = read_unit(unit) if unit else {}
     closure = unit_closure(props) if props else {}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import sglang_server_converged as module  # plugins/modules (tests/unit/conftest.py)
 from ansible_collections.gpufleet.fleet.plugins.action import sglang_server_converged as action
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import show_properties
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "plugins" / "filter"))
 from sglang_restart_plan import sglang_unconverged_hosts  # noqa: E402
@@ -37,7 +38,7 @@ GPUS = [["0", "GPU-10c12817", "570.172.08"], ["1", "GPU-f3214a31", "570.172.08"]
 
 
 def test_the_closure_names_every_path_the_real_unit_runs_with_and_no_cache():
-    props = module.unit_properties(SHOW)
+    props = show_properties(SHOW)
     paths = module.exec_paths(props["ExecStart"])
     assert paths == [f"{RELEASE}/bin/python", "/usr/local/libexec/gpufleet/sglang-log-redact", f"{RELEASE}/bin/python",
                      MODEL]  # fmt: skip
