@@ -46,21 +46,31 @@ def rollout_hostvar(hosts: list, hostvars, name: str, default=None) -> dict:
     return {h: hostvars[h].get(name, default) if h in hostvars else default for h in hosts}
 
 
-def rollout_decisions(hosts: list, hostvars, pipeline: str) -> dict:
-    """What the decide play found on each worker of the rollout: {"restart": [...], "unchanged": [...],
+def rollout_decisions(hosts: list, hostvars, pipeline: str, staged: list | None = None) -> dict:
+    """What the plays before the batches found on each worker of the rollout: {"restart": [...], "unchanged": [...],
     "refused": {host: why}}, hosts in the order given.
 
-    pipeline server: the sglang_server role ran with sglang_server_restart_deferred on every host at once; a host
-    whose result is `deferred` must restart (in its batch), one whose result is `unchanged` was proven by a
-    generation where it runs and never leaves the router; a host whose role failed there (fact
-    rollout_plan_refusal) or that gave no result (unreachable) refuses the whole rollout. pipeline full: the
-    earlier stages run in the batches and can change what the server runs, so every host takes its turn."""
+    pipeline server: the converged check ran on every host (registered sglang_server_converged); a host it proved
+    in place (converged, and not in ``staged``, the hosts the server stage ran on) was proven by a generation where
+    it runs and never leaves the router. The server stage ran with sglang_server_restart_deferred on the staged
+    hosts at once: a host whose result is `deferred` must restart (in its batch), one whose result is `unchanged`
+    was proven where it runs; a host whose role failed there (fact rollout_plan_refusal) or that gave no result
+    (unreachable) refuses the whole rollout. ``staged`` None: every host went through the server stage. pipeline
+    full: the earlier stages run in the batches and can change what the server runs, so every host takes its
+    turn."""
     decided: dict = {"restart": [], "unchanged": [], "refused": {}}
     for name in hosts:
         if pipeline != "server":
             decided["restart"].append(name)
             continue
         hv = hostvars.get(name, {})
+        if staged is not None and name not in staged:
+            check = hv.get("sglang_server_converged") or {}
+            if check.get("converged") is True:
+                decided["unchanged"].append(name)
+            else:
+                decided["refused"][name] = "no answer from the converged check (unreachable?)"
+            continue
         refusal = hv.get("rollout_plan_refusal")
         result = str(hv.get("sglang_server_result", ""))
         if refusal is not None:

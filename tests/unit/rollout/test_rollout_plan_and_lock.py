@@ -140,6 +140,28 @@ def test_a_host_that_failed_or_gave_no_decision_refuses_the_rollout():
     }
 
 
+def test_hosts_the_converged_check_proved_in_place_skip_the_server_stage_and_stay_unchanged():
+    """The converged check ran on every host; the server stage ran only on the hosts it did not prove (staged). A
+    proven host is unchanged without a server-stage result; one the check gave no answer for refuses the rollout."""
+    hostvars = {
+        "s1": {"sglang_server_converged": {"converged": True}},
+        "s2": {"sglang_server_converged": {"converged": False}, "sglang_server_result": "deferred"},
+        "s3": {"sglang_server_converged": {"converged": True}},
+        "s4": {},  # unreachable during the converged check
+    }
+    decided = rollout.rollout_decisions(["s1", "s2", "s3", "s4"], hostvars, "server", ["s2"])
+    assert decided == {
+        "restart": ["s2"],
+        "unchanged": ["s1", "s3"],
+        "refused": {"s4": "no answer from the converged check (unreachable?)"},
+    }
+    # every host proven in place: nothing to restart, nothing refused
+    proven = {h: {"sglang_server_converged": {"converged": True}} for h in ("s1", "s2")}
+    assert rollout.rollout_decisions(["s1", "s2"], proven, "server", []) == {
+        "restart": [], "unchanged": ["s1", "s2"], "refused": {},
+    }  # fmt: skip
+
+
 def test_a_full_pipeline_rollout_takes_every_host_through_its_batch():
     """The earlier stages (CUDA toolkit, ml-env, weights) run in the batches and can change what the server runs."""
     hostvars = {"s1": {}, "s2": {"sglang_server_result": "unchanged"}}
@@ -195,3 +217,39 @@ def test_free_checks_without_writing(lock, tmp_path):
     result, failed = lock({"path": str(path), "state": "free", "run_id": "b"})
     assert failed and "held by run a (user=alice)" in result["msg"]
     assert json.loads(path.read_text())["run_id"] == "a"
+
+
+@pytest.fixture
+def report_module(capsys):
+    return lambda args: run_module("ansible_collections.gpufleet.fleet.plugins.modules.rollout_report", args, capsys)
+
+
+def test_the_rollout_report_is_written_as_its_run_and_as_last_json_in_one_module_run(report_module, tmp_path):
+    folder = tmp_path / "reports/rollout"  # created by the module
+    first = {
+        "schema": "gpufleet.rollout/v1",
+        "run_id": "20261202T070000Z-1",
+        "result": "ok",
+        "hosts": {"s1": "unchanged"},
+    }
+    result, failed = report_module({"dir": str(folder), "run_id": first["run_id"], "report": first})
+    assert not failed and result["changed"], result
+    assert result["path"] == str(folder / "20261202T070000Z-1.json")
+    assert json.loads((folder / "20261202T070000Z-1.json").read_text()) == first
+    assert json.loads((folder / "last.json").read_text()) == first
+    # the next run's report replaces last.json and keeps the earlier run's file; no temporary file is left behind
+    second = {**first, "run_id": "20261202T080000Z-2", "result": "stopped"}
+    report_module({"dir": str(folder), "run_id": second["run_id"], "report": second})
+    assert json.loads((folder / "last.json").read_text())["result"] == "stopped"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "20261202T070000Z-1.json",
+        "20261202T080000Z-2.json",
+        "last.json",
+    ]
+    assert oct((folder / "last.json").stat().st_mode & 0o777) == "0o644"
+
+
+def test_a_run_id_that_is_not_a_file_name_is_refused(report_module, tmp_path):
+    result, failed = report_module({"dir": str(tmp_path), "run_id": "../escape", "report": {}})
+    assert failed and "run_id '../escape' is not a file name" in result["msg"]
+    assert list(tmp_path.iterdir()) == []
