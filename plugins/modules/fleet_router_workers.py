@@ -32,6 +32,21 @@ options:
   exclusive: {type: bool, default: false, description: With present, remove every other worker.}
   wait_timeout: {type: int, default: 120, description: Seconds to wait for the router to show the state.}
   http_timeout: {type: int, default: 10, description: Seconds per API call.}
+  drain_timeout:
+    type: int
+    default: 0
+    description:
+      - With absent, the drain of each removed worker in the same module run (the rollout used three tasks for
+        it). Its running requests are read (C(GET <url>/v1/loads)) just before the C(DELETE); once the router no
+        longer lists it, they are read every second until 0, until the worker stops answering, or for at most
+        this many seconds. 0 reads and waits for nothing.
+  health_timeout:
+    type: int
+    default: 0
+    description:
+      - With present, each worker must answer C(GET <url>/health) with 200 (this many seconds per request) before
+        it is added; one that does not is not added and the module fails (a failed host never gets traffic).
+        0 checks nothing before the C(POST).
 """
 
 EXAMPLES = r"""
@@ -50,12 +65,34 @@ EXAMPLES = r"""
     state: present
     urls: [http://10.0.0.11:8000]
   delegate_to: gateway-01
+
+- name: Take a worker out and wait (at most 120 s) until its own running requests are 0
+  gpufleet.fleet.fleet_router_workers:
+    api_key: "{{ fleet_router_control_plane_api_key }}"
+    state: absent
+    urls: [http://10.0.0.11:8000]
+    drain_timeout: 120
+  delegate_to: gateway-01
+
+- name: Add a worker back only if its /health answers 200
+  gpufleet.fleet.fleet_router_workers:
+    api_key: "{{ fleet_router_control_plane_api_key }}"
+    state: present
+    urls: [http://10.0.0.11:8000]
+    health_timeout: 30
+  delegate_to: gateway-01
 """
 
 RETURN = r"""
 workers: {type: list, description: The router's workers at the end (id, url, model_id, is_healthy, status).}
 added: {type: list, description: URLs added.}
 removed: {type: list, description: URLs removed (with their worker id).}
+in_router: {type: bool, description: With present, every URL is healthy in the router (false when the module failed).}
+drain:
+  type: dict
+  description:
+    - With absent and drain_timeout, per URL removed - in_flight_at_removal (running requests just before the
+      DELETE, null when unreadable), waited_s, in_flight_left (null when the worker stopped answering), timed_out.
 """
 
 
@@ -95,6 +132,55 @@ class Router:
         ]
 
 
+def http_get(url: str, timeout: float) -> tuple[int, dict | None]:
+    """Status and JSON body of a GET to a worker (0 and None when it does not answer)."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url), timeout=timeout) as resp:
+            raw = resp.read()
+            try:
+                return resp.status, json.loads(raw) if raw else {}
+            except ValueError:
+                return resp.status, None
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+    except (OSError, ValueError):
+        return 0, None
+
+
+def running_requests(body: dict | None) -> int | None:
+    """A worker's requests (running and waiting) from its GET /v1/loads answer (SGLang 0.5.9
+    entrypoints/v1_loads.py: aggregate.total_reqs, else the sum of each DP rank's num_total_reqs or
+    num_running_reqs); None when the answer has neither."""
+    if not isinstance(body, dict):
+        return None
+    aggregate = body.get("aggregate")
+    if isinstance(aggregate, dict) and aggregate.get("total_reqs") is not None:
+        return int(aggregate["total_reqs"])
+    loads = body.get("loads")
+    if isinstance(loads, list):
+        return sum(int(x.get("num_total_reqs", x.get("num_running_reqs")) or 0) for x in loads if isinstance(x, dict))
+    return None
+
+
+def drain(url: str, at_removal: int | None, timeout_s: int, http_timeout: int, sleep=time.sleep) -> dict:
+    """Wait until the worker's own running requests are 0, it stops answering, or timeout_s ran out."""
+    started = time.monotonic()
+    left, answered = at_removal, True
+    for attempt in range(timeout_s + 1):
+        status, body = http_get(f"{url}/v1/loads", http_timeout)
+        answered = status == 200
+        left = running_requests(body) if answered else None
+        if not answered or left == 0 or attempt == timeout_s:
+            break
+        sleep(1)
+    return {
+        "in_flight_at_removal": at_removal,
+        "waited_s": round(time.monotonic() - started, 2),
+        "in_flight_left": left if answered else None,
+        "timed_out": bool(answered and left != 0),
+    }
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -105,6 +191,8 @@ def main() -> None:
             "exclusive": {"type": "bool", "default": False},
             "wait_timeout": {"type": "int", "default": 120},
             "http_timeout": {"type": "int", "default": 10},
+            "drain_timeout": {"type": "int", "default": 0},
+            "health_timeout": {"type": "int", "default": 0},
         },
         supports_check_mode=True,
     )
@@ -127,6 +215,21 @@ def main() -> None:
     if module.check_mode or p["state"] == "query":
         module.exit_json(changed=changed, workers=current, added=added, removed=removed)
 
+    if p["state"] == "present" and p["health_timeout"] > 0:
+        for url in wanted:
+            status, _ = http_get(f"{url}/health", p["health_timeout"])
+            if status != 200:
+                module.fail_json(
+                    msg=f"not added to the router: {url}/health answered {status or 'nothing'} (a failed host never "
+                    "gets traffic)",
+                    workers=current, added=[], removed=[], in_router=False, health_status=status,
+                )  # fmt: skip
+    # with absent and drain_timeout, every URL asked for is drained (also one the router did not list)
+    at_removal = {}
+    if p["state"] == "absent" and p["drain_timeout"] > 0:
+        for url in wanted:
+            status, body = http_get(f"{url}/v1/loads", p["http_timeout"])
+            at_removal[url] = running_requests(body) if status == 200 else None
     for url in added:
         status, body = router.call("POST", "/workers", {"url": url})
         if status not in (200, 201, 202):
@@ -148,6 +251,7 @@ def main() -> None:
             break
         if time.monotonic() > deadline:
             module.fail_json(
+                in_router=False,
                 msg=(
                     f"router at {p['api_url']} after {p['wait_timeout']} s: "
                     + (
@@ -163,7 +267,11 @@ def main() -> None:
                 removed=removed,
             )
         time.sleep(0.5)
-    module.exit_json(changed=changed, workers=workers, added=added, removed=removed)
+    timeout, http_timeout = p["drain_timeout"], p["http_timeout"]
+    drained = {url: drain(url, count, timeout, http_timeout) for url, count in at_removal.items()}
+    module.exit_json(
+        changed=changed, workers=workers, added=added, removed=removed, in_router=p["state"] == "present", drain=drained
+    )
 
 
 if __name__ == "__main__":
