@@ -218,38 +218,3 @@ def test_free_checks_without_writing(lock, tmp_path):
     assert failed and "held by run a (user=alice)" in result["msg"]
     assert json.loads(path.read_text())["run_id"] == "a"
 
-
-@pytest.fixture
-def report_module(capsys):
-    return lambda args: run_module("ansible_collections.gpufleet.fleet.plugins.modules.rollout_report", args, capsys)
-
-
-def test_the_rollout_report_is_written_as_its_run_and_as_last_json_in_one_module_run(report_module, tmp_path):
-    folder = tmp_path / "reports/rollout"  # created by the module
-    first = {
-        "schema": "gpufleet.rollout/v1",
-        "run_id": "20261202T070000Z-1",
-        "result": "ok",
-        "hosts": {"s1": "unchanged"},
-    }
-    result, failed = report_module({"dir": str(folder), "run_id": first["run_id"], "report": first})
-    assert not failed and result["changed"], result
-    assert result["path"] == str(folder / "20261202T070000Z-1.json")
-    assert json.loads((folder / "20261202T070000Z-1.json").read_text()) == first
-    assert json.loads((folder / "last.json").read_text()) == first
-    # the next run's report replaces last.json and keeps the earlier run's file; no temporary file is left behind
-    second = {**first, "run_id": "20261202T080000Z-2", "result": "stopped"}
-    report_module({"dir": str(folder), "run_id": second["run_id"], "report": second})
-    assert json.loads((folder / "last.json").read_text())["result"] == "stopped"
-    assert sorted(p.name for p in folder.iterdir()) == [
-        "20261202T070000Z-1.json",
-        "20261202T080000Z-2.json",
-        "last.json",
-    ]
-    assert oct((folder / "last.json").stat().st_mode & 0o777) == "0o644"
-
-
-def test_a_run_id_that_is_not_a_file_name_is_refused(report_module, tmp_path):
-    result, failed = report_module({"dir": str(tmp_path), "run_id": "../escape", "report": {}})
-    assert failed and "run_id '../escape' is not a file name" in result["msg"]
-    assert list(tmp_path.iterdir()) == []
