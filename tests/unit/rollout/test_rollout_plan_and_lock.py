@@ -217,4 +217,3 @@ def test_free_checks_without_writing(lock, tmp_path):
     result, failed = lock({"path": str(path), "state": "free", "run_id": "b"})
     assert failed and "held by run a (user=alice)" in result["msg"]
     assert json.loads(path.read_text())["run_id"] == "a"
-
