@@ -46,7 +46,7 @@ def rollout_hostvar(hosts: list, hostvars, name: str, default=None) -> dict:
     return {h: hostvars[h].get(name, default) if h in hostvars else default for h in hosts}
 
 
-def rollout_decisions(hosts: list, hostvars, pipeline: str, staged: list | None = None) -> dict:
+def rollout_decisions(hosts: list, hostvars, pipeline: str, staged: list) -> dict:
     """What the plays before the batches found on each worker of the rollout: {"restart": [...], "unchanged": [...],
     "refused": {host: why}}, hosts in the order given.
 
@@ -55,16 +55,15 @@ def rollout_decisions(hosts: list, hostvars, pipeline: str, staged: list | None 
     it runs and never leaves the router. The server stage ran with sglang_server_restart_deferred on the staged
     hosts at once: a host whose result is `deferred` must restart (in its batch), one whose result is `unchanged`
     was proven where it runs; a host whose role failed there (fact rollout_plan_refusal) or that gave no result
-    (unreachable) refuses the whole rollout. ``staged`` None: every host went through the server stage. pipeline
-    full: the earlier stages run in the batches and can change what the server runs, so every host takes its
-    turn."""
+    (unreachable) refuses the whole rollout. pipeline full: the earlier stages run in the batches and can change
+    what the server runs, so every host takes its turn."""
     decided: dict = {"restart": [], "unchanged": [], "refused": {}}
     for name in hosts:
         if pipeline != "server":
             decided["restart"].append(name)
             continue
         hv = hostvars.get(name, {})
-        if staged is not None and name not in staged:
+        if name not in staged:
             check = hv.get("sglang_server_converged") or {}
             if check.get("converged") is True:
                 decided["unchanged"].append(name)

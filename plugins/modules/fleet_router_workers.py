@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import http
 
 DOCUMENTATION = r"""
 module: fleet_router_workers
@@ -133,18 +134,12 @@ class Router:
 
 
 def http_get(url: str, timeout: float) -> tuple[int, dict | None]:
-    """Status and JSON body of a GET to a worker (0 and None when it does not answer)."""
+    """Status and JSON body of a GET to a worker (sglang_server_host.http; 0 and None when it does not answer)."""
+    status, text, _seconds = http("GET", url, timeout=timeout)
     try:
-        with urllib.request.urlopen(urllib.request.Request(url), timeout=timeout) as resp:
-            raw = resp.read()
-            try:
-                return resp.status, json.loads(raw) if raw else {}
-            except ValueError:
-                return resp.status, None
-    except urllib.error.HTTPError as exc:
-        return exc.code, None
-    except (OSError, ValueError):
-        return 0, None
+        return status, json.loads(text) if text else {}
+    except ValueError:
+        return status, None
 
 
 def running_requests(body: dict | None) -> int | None:

@@ -117,12 +117,12 @@ def test_only_the_hosts_that_must_restart_take_part_in_the_batches():
         "s3": {"sglang_server_result": "deferred"},
         "s4": {"sglang_server_result": "unchanged"},
     }
-    decided = rollout.rollout_decisions(["s1", "s2", "s3", "s4"], hostvars, "server")
+    decided = rollout.rollout_decisions(["s1", "s2", "s3", "s4"], hostvars, "server", list(hostvars))
     assert decided == {"restart": ["s1", "s3"], "unchanged": ["s2", "s4"], "refused": {}}
     assert rollout.rollout_batches(decided["restart"], [1, "25%", "100%"]) == [["s1"], ["s3"]]
     # a no-op rollout: nothing to restart, no batch at all
     noop = {h: {"sglang_server_result": "unchanged"} for h in hostvars}
-    assert rollout.rollout_decisions(list(noop), noop, "server")["restart"] == []
+    assert rollout.rollout_decisions(list(noop), noop, "server", list(noop))["restart"] == []
     assert rollout.rollout_batches([], [1, "25%", "100%"]) == []
 
 
@@ -132,7 +132,7 @@ def test_a_host_that_failed_or_gave_no_decision_refuses_the_rollout():
         "s2": {"sglang_server_result": "failed", "rollout_plan_refusal": "SGLANG SERVER DEPLOY FAILED on s2: bad flag"},
         "s3": {},  # unreachable during the decide play: it never got a result
     }
-    decided = rollout.rollout_decisions(["s1", "s2", "s3"], hostvars, "server")
+    decided = rollout.rollout_decisions(["s1", "s2", "s3"], hostvars, "server", ["s1", "s2", "s3"])
     assert decided["restart"] == ["s1"]
     assert decided["refused"] == {
         "s2": "SGLANG SERVER DEPLOY FAILED on s2: bad flag",
@@ -165,7 +165,7 @@ def test_hosts_the_converged_check_proved_in_place_skip_the_server_stage_and_sta
 def test_a_full_pipeline_rollout_takes_every_host_through_its_batch():
     """The earlier stages (CUDA toolkit, ml-env, weights) run in the batches and can change what the server runs."""
     hostvars = {"s1": {}, "s2": {"sglang_server_result": "unchanged"}}
-    assert rollout.rollout_decisions(["s1", "s2"], hostvars, "full") == {
+    assert rollout.rollout_decisions(["s1", "s2"], hostvars, "full", []) == {
         "restart": ["s1", "s2"], "unchanged": [], "refused": {},
     }  # fmt: skip
 
