@@ -94,11 +94,19 @@ def test_production_lock_verifies_the_modules_of_the_issue():
 # --- registry (PyPI) ---
 
 
-def test_production_lock_resolves_again_to_the_same_set():
-    """uv re-resolves requirements.in from PyPI as of the lock's date: same pins, committed hashes on PyPI."""
+def test_production_lock_is_a_resolution_uv_keeps():
+    """uv re-resolves requirements.in from PyPI as of the lock's date, starting from the committed lock (uv keeps
+    the pins of an existing output file while they still satisfy the requirements): same pins, committed hashes
+    on PyPI.
+
+    Starting from the lock is what makes this a test of the lock, not of the registry: PyPI holds files whose
+    upload time is earlier than their arrival (httpx 0.29.0 shows 2026-11-26T15:58:35Z and was absent when this
+    lock was resolved on 2026-11-29), so a resolution from nothing drifts under a fixed --exclude-newer.
+    """
     require_pypi()
     meta = meta_of(PROD)
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"ml-env-prod-{os.getpid()}.txt"
+    shutil.copyfile(PROD / "requirements.txt", out)
     argv = ["pip", "compile", str(PROD / "requirements.in"), "--generate-hashes", "--quiet", "--no-header"]
     argv += ["--python-version", meta["python_version"], "--python-platform", meta["python_platform"]]
     argv += ["--index-url", meta["index_url"], "-o", str(out)]
