@@ -36,6 +36,8 @@ CACHE_DIR = Path(os.environ.get("GPUFLEET_LAB_CACHE", "/var/cache/gpufleet-lab")
 DEFAULT_NAME = "gpufleet"
 DEFAULT_SUBNET = "10.123.0.0/24"
 DEFAULT_PROFILE = "rtx-pro-6000x8-vm"
+# How long `systemctl is-system-running` in a host may take before the host counts as unresponsive.
+SYSTEMCTL_TIMEOUT = 20
 READY_TIMEOUT = 180.0
 LAB_PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # what PYTHONPATH needs for gpufleet_lab
 
@@ -401,13 +403,18 @@ class Lab:
         record = current_boot(record)
         if not record.get("leader_pid"):
             return "rebooting" if host_running(record) else "stopped"
-        proc = subprocess.run(
-            ["nsenter", "-t", str(record["leader_pid"]), "-a", "systemctl", "is-system-running"],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=20,
-        )
+        try:
+            proc = subprocess.run(
+                ["nsenter", "-t", str(record["leader_pid"]), "-a", "systemctl", "is-system-running"],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=SYSTEMCTL_TIMEOUT,
+            )
+        except subprocess.TimeoutExpired:
+            # Seen while a host's systemd goes down for a reboot: its manager socket still accepts and never
+            # answers. Like a VM whose guest agent stops answering: alive to the hypervisor, not ready.
+            return "unresponsive"
         return proc.stdout.strip() or proc.stderr.strip()
 
     def _wait_ready(self, record: dict) -> None:

@@ -130,7 +130,8 @@ def test_a_host_that_reboots_boots_again_like_a_vm(four_hosts):
             break
         time.sleep(1)
     else:
-        pytest.fail(f"{host} did not come back from its reboot: {status}")
+        log = (STATE_ROOT / NAME / "hosts" / host / "nspawn.log").read_text(errors="replace")
+        pytest.fail(f"{host} did not come back from its reboot: {status}\nnspawn.log:\n{log[-3000:]}")
     log = (STATE_ROOT / NAME / "hosts" / host / "nspawn.log").read_text()
     assert "the host rebooted (systemd-nspawn exit 133)" in log
     # /dev/shm is a new tmpfs (the simulated GPUs' state goes with it, as a real reboot frees GPU memory)
