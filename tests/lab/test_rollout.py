@@ -251,6 +251,7 @@ def test_rollout_under_load_has_zero_failed_requests_and_a_second_rollout_is_ref
     assert load.ok["stream"] >= 8 and load.ok["plain"] >= 20, load.ok
     report = json.loads((WORK / "reports/rollout/last.json").read_text())
     assert report["result"] == "ok" and set(report["hosts"].values()) == {"updated"}
+    assert sorted(report["locked_hosts"]) == sorted(SERVERS)
     # The rollout's own cost per batch, split from the engine's warm-up (benchmarks/suite/fleet_rollout.py reads it).
     timings = report["batch_timings"]
     assert [t["hosts"] for t in timings] == [SERVERS[:1], SERVERS[1:]], timings
@@ -299,6 +300,10 @@ def test_a_rollout_with_nothing_to_change_restarts_nothing_and_no_worker_leaves_
     report = json.loads((WORK / "reports/rollout/last.json").read_text())
     assert report["result"] == "ok" and report["batches"] == [] and report["batch_timings"] == []
     assert report["hosts"] == dict.fromkeys(SERVERS, "unchanged") and report["unchanged_in_place"] == SERVERS
+    # These hosts were last changed by a rollout, which writes no converged record (only deploy.yml, which runs
+    # every stage, does: docs/sglang-server.md): so they went through the server stage under their locks, which
+    # proved them unchanged. After a deploy.yml the same run takes no lock (benchmarks/suite/fleet_rollout.py).
+    assert sorted(report["locked_hosts"]) == sorted(SERVERS)
     assert len(seen) >= 5 and all(view == everyone for view in seen), [v for v in seen if v != everyone][:3]
     assert {h: unit_state(fleet[h]) for h in SERVERS} == before
     deploy = {h: json.loads((WORK / f"reports/deploy/{h}.json").read_text()) for h in SERVERS}
