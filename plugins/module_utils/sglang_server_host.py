@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +25,22 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.procfs import (  # 
     unit_pids,
     user_name,
 )
+
+
+def write_root_file(path: str, data: bytes, mode: int) -> None:
+    """Write data to path atomically: a temporary file in the same folder, root-owned with mode, renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".gpufleet-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, mode)
+        os.chown(tmp, 0, 0)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
 
 UNIT_PROPS = (
     "ActiveState",

@@ -8,12 +8,15 @@ import json
 import os
 import re
 import shlex
-import tempfile
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import hash_file, read_json
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import run, show_properties
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import (
+    run,
+    show_properties,
+    write_root_file,
+)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_smoke import prove
 
 DOCUMENTATION = r"""
@@ -316,16 +319,7 @@ def check(record, inputs, props, closure, gpus):
 def write_atomically(path, text):
     folder = os.path.dirname(path)
     os.makedirs(folder, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".converged.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_root_file(path, text.encode("utf-8"), 0o600)
 
 
 def main():

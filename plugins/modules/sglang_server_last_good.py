@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import write_root_file
 
 DOCUMENTATION = r"""
 module: sglang_server_last_good
@@ -91,21 +91,6 @@ def sha256(module: AnsibleModule, path: str) -> str:
     return module.digest_from_file(path, "sha256") if os.path.isfile(path) else ""
 
 
-def write_file(path: str, data: bytes, mode: int) -> None:
-    """Write data to path through a temporary file in the same folder, root-owned, with mode, then rename."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, mode)
-        os.chown(tmp, 0, 0)
-        os.rename(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def read_bytes(path: str) -> bytes | None:
     try:
         with open(path, "rb") as handle:
@@ -132,12 +117,13 @@ def save(params: dict, module: AnsibleModule) -> dict:
         os.makedirs(lkg, mode=0o700)
         os.chmod(lkg, 0o700)
         os.chown(lkg, 0, 0)
-        write_file(kept_unit, read_bytes(unit_path) or b"", 0o644)
+        write_root_file(kept_unit, read_bytes(unit_path) or b"", 0o644)
         secrets = read_bytes(secrets_path)
         if secrets is not None:
-            write_file(os.path.join(lkg, SECRETS_NAME), secrets, 0o600)
+            write_root_file(os.path.join(lkg, SECRETS_NAME), secrets, 0o600)
         manifest = {**params["manifest"], "unit_sha256": unit_sum}
-        write_file(os.path.join(lkg, "manifest.json"), json.dumps(manifest, indent=4, sort_keys=True).encode(), 0o644)
+        text = json.dumps(manifest, indent=4, sort_keys=True) + "\n"
+        write_root_file(os.path.join(lkg, "manifest.json"), text.encode(), 0o644)
     # After a save in check mode, previous-good would be today's last-good: judge the secrets of that one.
     kept_dir = lkg if saved and module.check_mode else previous
     kept_path = os.path.join(kept_dir, SECRETS_NAME)
@@ -145,7 +131,7 @@ def save(params: dict, module: AnsibleModule) -> dict:
     current = read_bytes(kept_path)
     rewritten = current is not None and current != wanted
     if rewritten and not module.check_mode:
-        write_file(os.path.join(previous, SECRETS_NAME), wanted, 0o600)
+        write_root_file(os.path.join(previous, SECRETS_NAME), wanted, 0o600)
     return {"changed": saved or rewritten, "saved": saved, "kept_secrets_rewritten": rewritten, "unit_sha256": unit_sum}
 
 
@@ -163,7 +149,7 @@ def main() -> None:
     )
     try:
         result = save(module.params, module)
-    except (OSError, FileNotFoundError) as exc:
+    except OSError as exc:
         module.fail_json(msg=f"sglang_server_last_good: {exc}")
     module.exit_json(**result)
 

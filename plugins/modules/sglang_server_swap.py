@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -21,6 +20,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host 
     snapshot,
     unit_state,
     wait_released,
+    write_root_file,
 )
 
 DOCUMENTATION = r"""
@@ -179,12 +179,7 @@ def install(src, dest, mode):
             same = fh.read() == data
     except OSError:
         same = False
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".sglang-server-")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.chmod(tmp, int(str(mode), 8))
-    os.chown(tmp, 0, 0)
-    os.replace(tmp, dest)
+    write_root_file(dest, data, int(str(mode), 8))
     return not same
 
 
