@@ -88,12 +88,14 @@ lab-status:
 # Groups in order, stopping at the first that fails; the last line gives each group's time. The unit tests, the
 # lab tests and Molecule run in one step: the lab tests leave about 40% of the CPU idle (waits for engines,
 # drains, load), which Molecule takes at a lower priority (nice 10: its labs' processes inherit it), 2 scenarios
-# at a time while the lab tests run (MOLECULE_BESIDE), then MOLECULE_JOBS.
+# at a time while the unit and lab tests run (MOLECULE_BESIDE), one more as each of those ends (2026-12-02: the
+# unit tests end after about 14 minutes, the second half of the lab tests after 15, the first after 19), then
+# MOLECULE_JOBS.
 # The lab tests run as two halves at once (lab-tests-1, lab-tests-2: each test module has its own lab), so the
 # longest group is no longer one chain of every lab test. Lint runs in the same step: alone it kept one of the
 # two cores idle for a minute (ansible-lint uses about 1.25 cores), and a lint failure still fails the step.
 test:
-	@NO_PRUNE=1 MOLECULE_NICE=10 MOLECULE_BESIDE=lab-tests-1,lab-tests-2 MOLECULE_JOBS_BESIDE=2 \
+	@NO_PRUNE=1 MOLECULE_NICE=10 MOLECULE_BESIDE=unit,lab-tests-1,lab-tests-2 MOLECULE_JOBS_BESIDE=2 \
 	  python3 tools/timed_groups.py setup lab-prune lint+unit+lab-tests-1+lab-tests-2+molecule
 
 lint:

@@ -171,8 +171,8 @@ class Runner:
     def __init__(self, scenarios: list[Scenario], jobs: int, beside: list[str] | None = None, jobs_beside: int = 0):
         self.scenarios = scenarios
         self.jobs = jobs
-        # While a target named in beside runs in the same make test step (the lab tests), at most jobs_beside
-        # scenarios run at once; the rest wait for it to end, then jobs run at once.
+        # While targets named in beside run in the same make test step (the lab tests), at most jobs_beside
+        # scenarios run at once, one more for each of them that has ended; when none runs, jobs run at once.
         self.beside = beside or []
         self.jobs_beside = jobs_beside or jobs
         self.started = time.monotonic()
@@ -183,12 +183,14 @@ class Runner:
         self.stopping = False
 
     def _take_slot(self, scenario: Scenario) -> None:
-        """Wait until a scenario may start: fewer than jobs_beside run while a target of beside runs."""
+        """Wait until a scenario may start: while targets of beside run, fewer than jobs_beside plus one for each
+        target of beside that has ended (the half of the lab tests that ends first frees its CPU for a scenario)."""
         waited = False
         while True:
             busy = still_running(self.beside) if self.beside and self.jobs_beside < self.jobs else []
+            allowed = min(self.jobs, self.jobs_beside + len(self.beside) - len(busy))
             with self.lock:
-                if not busy or self.starting < self.jobs_beside or self.stopping:
+                if not busy or self.starting < allowed or self.stopping:
                     self.starting += 1
                     break
             if not waited:

@@ -8,8 +8,9 @@ deploy and, in the same module run, to prove a converged rank 0 by a generation 
 the recorded arguments). It returns ``converged``, ``reasons``, ``health`` and ``inputs`` (registered, not a
 fact: a fact would be cached for later runs; the record of this run is written with them by ``mode: record`` at the
 end of the server stage).
-``mode: record`` runs the module as it is. ``mode: report`` runs nothing on the host: it writes the converged
-host's deploy report on the controller (the last full report, its result, health and times renewed).
+``mode: record`` runs the module as it is. ``mode: report`` runs nothing on the host: it writes the deploy reports of
+the converged hosts on the controller (the last full report, its result, health and times renewed), every host's in
+one task run (``checks``: host -> its registered check, which carries the host's ``report_dir``).
 Documentation of the options: plugins/modules/sglang_server_converged.py.
 """
 
@@ -202,7 +203,7 @@ def renewed_report(previous: dict, host: str, check: dict, health: dict, seconds
 
 class ActionModule(ActionBase):
     _VALID_ARGS = frozenset(("mode", "record_path", "inputs", "unit", "node_rank", "smoke", "nvidia_smi",
-                             "enabled", "report_dir", "check"))  # fmt: skip
+                             "enabled", "report_dir", "checks"))  # fmt: skip
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -210,7 +211,7 @@ class ActionModule(ActionBase):
         args = dict(self._task.args)
         mode = args.get("mode")
         if mode == "report":
-            return self._report(result, args, task_vars["inventory_hostname"])
+            return self._report(result, args.get("checks") or {})
         if mode == "record":
             args.pop("enabled", None)
             args.pop("report_dir", None)
@@ -230,7 +231,7 @@ class ActionModule(ActionBase):
         peers = multinode_peers(variables)
         if peers:
             inputs["vars"]["multinode_peers"] = value_digest("multinode_peers", peers)
-        result.update(changed=False, inputs=inputs, health={})
+        result.update(changed=False, inputs=inputs, health={}, report_dir=args.get("report_dir") or "")
         if not args.get("enabled", True):
             result.update(converged=False, reasons=["sglang_server_converged_fast_path is false"], main_pid=0)
             return result
@@ -275,15 +276,21 @@ class ActionModule(ActionBase):
         variables.setdefault("hostvars", task_vars.get("hostvars", {}))
         return variables
 
-    def _report(self, result, args, host):
-        """Write the converged host's deploy report on the controller (no module on the host)."""
-        check = args.get("check") or {}
-        path = Path(args["report_dir"]) / f"{host}.json"
-        previous = read_json(path)
-        report = renewed_report(previous, host, check, check.get("health") or {}, float(check.get("seconds") or 0),
-                                check.get("record_path", ""))  # fmt: skip
-        if not self._task.check_mode:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_json(path, report)
-        result.update(changed=False, report=str(path), result=report["result"])
+    def _report(self, result, checks: dict):
+        """Write the deploy report of each converged host on the controller (no module on any host): ``checks``
+        maps each host to its registered check, whose ``report_dir`` is that host's report folder."""
+        reports = {}
+        for host, check in sorted(checks.items()):
+            check = check or {}
+            if not check.get("report_dir"):
+                raise AnsibleActionFail(f"sglang_server_converged mode=report: the check of {host} names no report_dir")
+            path = Path(check["report_dir"]) / f"{host}.json"
+            previous = read_json(path)
+            report = renewed_report(previous, host, check, check.get("health") or {}, float(check.get("seconds") or 0),
+                                    check.get("record_path", ""))  # fmt: skip
+            if not self._task.check_mode:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_json(path, report)
+            reports[host] = {"report": str(path), "result": report["result"]}
+        result.update(changed=False, reports=reports)
         return result

@@ -111,10 +111,30 @@ def sglang_unconverged_hosts(names, hostvars, groups):
     return out
 
 
+def sglang_converged_summary(names, hostvars, deploy_hosts):
+    """One line per host of the converged check: proven in place (by a generation, with its seconds, or through its
+    rank 0), or why every stage runs on it."""
+    lines = []
+    for name in names:
+        check = hostvars[name].get("sglang_server_converged") or {}
+        if name not in deploy_hosts:
+            seconds = (check.get("health") or {}).get("seconds", "")
+            how = f" by a generation ({seconds} s)" if str(seconds) else " (rank 0 answered for the server)"
+            lines.append(
+                f"{name}: converged, proven in place{how}; every stage skipped "
+                "(sglang_server_converged_fast_path=false runs them)"
+            )
+        else:
+            reasons = list(check.get("reasons") or []) or ["a node of its multi-node server differs"]
+            lines.append(f"{name}: every stage runs: {'; '.join(reasons)}")
+    return lines
+
+
 class FilterModule:
     def filters(self):
         return {
             "sglang_restart_plan": sglang_restart_plan,
             "sglang_restart_hosts": sglang_restart_hosts,
             "sglang_unconverged_hosts": sglang_unconverged_hosts,
+            "sglang_converged_summary": sglang_converged_summary,
         }

@@ -50,8 +50,8 @@ description:
 options:
   mode:
     description: >-
-      C(check) or C(record) (on the host); C(report) runs nothing on the host: the action plugin writes the converged
-      host's deploy report on the controller from I(check).
+      C(check) or C(record) (on the host); C(report) runs nothing on the host: the action plugin writes the deploy
+      reports of the converged hosts on the controller from I(checks), all of them in one task run.
     type: str
     choices: [check, record, report]
     required: true
@@ -60,10 +60,14 @@ options:
     type: bool
     default: true
   report_dir:
-    description: "(report, action plugin) Controller directory of the deploy reports (<dir>/<host>.json)."
+    description: >-
+      (check, action plugin) Controller directory of the host's deploy report (<dir>/<host>.json); the check's
+      result carries it for I(mode=report).
     type: path
-  check:
-    description: "(report, action plugin) The registered result of I(mode=check) for this host."
+  checks:
+    description: >-
+      (report, action plugin) Host name -> the registered result of I(mode=check) of each converged host (with its
+      C(report_dir)).
     type: dict
   record_path:
     description: "Where the record is on the host (check, record)."
@@ -141,6 +145,14 @@ node_rank:
   description: "The recorded node rank."
   returned: always
   type: int
+report_dir:
+  description: "(check, action plugin) The I(report_dir) it was given, for I(mode=report)."
+  returned: always
+  type: str
+reports:
+  description: "(report, action plugin) Host name -> C({report: <path>, result: <the renewed report's result>})."
+  returned: when I(mode=report)
+  type: dict
 """
 
 SCHEMA = "gpufleet.sglang_server.converged/v1"

@@ -4,16 +4,19 @@ hosts the stages then run on."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import sglang_server_converged as module  # plugins/modules (tests/unit/conftest.py)
+from ansible.errors import AnsibleActionFail
 from ansible_collections.gpufleet.fleet.plugins.action import sglang_server_converged as action
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import show_properties
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "plugins" / "filter"))
-from sglang_restart_plan import sglang_unconverged_hosts  # noqa: E402
+from sglang_restart_plan import sglang_converged_summary, sglang_unconverged_hosts  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 SHOW = (REPO / "tests/unit/fixtures/systemd/show-sglang-server-lab.txt").read_text()
@@ -244,6 +247,55 @@ def test_the_renewed_report_keeps_the_deploys_facts_and_renews_result_health_and
                                    "last_full_deploy_at": "2026-12-02T01:00:00"}  # fmt: skip
     again = action.renewed_report(report, "h", {"main_pid": 42}, health, 1.8, "/var/lib/x.json")
     assert again["converged"]["last_full_deploy_at"] == "2026-12-02T01:00:00"
+
+
+def test_one_summary_line_per_host_says_proven_in_place_or_why_every_stage_runs():
+    hostvars = {
+        "a": {"sglang_server_converged": {"converged": True, "health": {"seconds": 1.5}}},
+        "b": {"sglang_server_converged": {"converged": False, "reasons": ["unit changed", "GPUs differ"]}},
+        "m1": {"sglang_server_converged": {"converged": True, "health": {}}},
+        "m2": {"sglang_server_converged": {"converged": True, "health": {}}},
+    }
+    assert sglang_converged_summary(["a", "b", "m1", "m2"], hostvars, ["b", "m2"]) == [
+        "a: converged, proven in place by a generation (1.5 s); every stage skipped "
+        "(sglang_server_converged_fast_path=false runs them)",
+        "b: every stage runs: unit changed; GPUs differ",
+        "m1: converged, proven in place (rank 0 answered for the server); every stage skipped "
+        "(sglang_server_converged_fast_path=false runs them)",
+        "m2: every stage runs: a node of its multi-node server differs",
+    ]
+
+
+def report_action(check_mode=False):
+    plugin = object.__new__(action.ActionModule)
+    plugin._task = SimpleNamespace(check_mode=check_mode)
+    return plugin
+
+
+def test_one_report_task_renews_every_converged_hosts_report_in_its_own_folder(tmp_path):
+    health = {"ok": True, "health_status": 200, "seconds": 1.5}
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one/a.json").write_text(json.dumps({"schema": action.SCHEMA, "host": "a", "result": "ok",
+                                                     "flags": ["--tp-size", "8"]}))  # fmt: skip
+    checks = {
+        "a": {"report_dir": str(tmp_path / "one"), "health": health, "seconds": 1.6, "main_pid": 7},
+        "b": {"report_dir": str(tmp_path / "two"), "health": health, "seconds": 1.7, "main_pid": 8},
+    }
+    result = report_action()._report({}, checks)
+    assert result["reports"] == {
+        "a": {"report": str(tmp_path / "one/a.json"), "result": "unchanged"},
+        "b": {"report": str(tmp_path / "two/b.json"), "result": "unchanged"},
+    }
+    a = json.loads((tmp_path / "one/a.json").read_text())
+    b = json.loads((tmp_path / "two/b.json").read_text())
+    assert a["flags"] == ["--tp-size", "8"] and a["engine_env"]["main_pid"] == 7 and a["health"]["ok"] is True
+    assert b["host"] == "b" and b["engine_env"]["main_pid"] == 8
+    # --check writes nothing; a check without its folder is refused by name
+    (tmp_path / "two/b.json").unlink()
+    report_action(check_mode=True)._report({}, {"b": checks["b"]})
+    assert not (tmp_path / "two/b.json").exists()
+    with pytest.raises(AnsibleActionFail, match="the check of c names no report_dir"):
+        report_action()._report({}, {"c": {"health": health}})
 
 
 @pytest.mark.parametrize("mode", ["check", "record"])

@@ -199,6 +199,31 @@ def test_beside_the_lab_tests_fewer_scenarios_run_until_they_end(project, monkey
     assert starts[1] - starts[0] >= 2.0 and starts[2] <= ended  # the 2nd and 3rd waited for the lab tests
 
 
+def test_each_beside_target_that_ends_frees_one_more_slot(project, monkeypatch, capsys):
+    """make test runs two halves of the lab tests beside Molecule: when the first half ends, one more scenario
+    may start; the last one waits for the second half."""
+    import subprocess
+    import time
+
+    logs = project.TEST_LOGS
+    logs.mkdir(parents=True)
+    started = time.time()
+    short, long = subprocess.Popen(["sleep", "2"]), subprocess.Popen(["sleep", "7"])
+    (logs / "lab-tests-1.running").write_text(f"{long.pid}\n")
+    (logs / "lab-tests-2.running").write_text(f"{short.pid}\n")
+    for name in ("meet-a", "meet-b", "meet-c"):
+        add(project.test_root, "role1", name)
+    monkeypatch.setenv("FAKE_MEET", "3")
+    try:
+        assert project.main(["--jobs", "3", "--beside", "lab-tests-1,lab-tests-2", "--jobs-beside", "1"]) == 0
+    finally:
+        short.wait()
+        long.wait()
+    starts = sorted(p.stat().st_mtime - started for p in project.record.parent.glob("meet-*.started"))
+    assert starts[0] < 2 <= starts[1] < 7 <= starts[2], starts  # one, one more after the short half, the last
+    assert "(lab-tests-1, lab-tests-2 still running: 1 at a time)" in capsys.readouterr().out
+
+
 def test_a_marker_of_a_gone_process_does_not_hold_scenarios_back(project, monkeypatch, capsys):
     logs = project.TEST_LOGS
     logs.mkdir(parents=True)
