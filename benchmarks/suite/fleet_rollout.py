@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -89,12 +90,15 @@ def noop_pair(playbook_name: str, one: str, many: str, repeats: int, extra: dict
             # hosts the converged check proved in place (they skipped every stage, or the rollout's server stage)
             proven[key] = out.count(": converged, proven in place")
     best = {k: min(v) for k, v in samples.items()}
+    median = {k: round(statistics.median(v), 2) for k, v in samples.items()}
     return {
         "limit_one": one,
         "limit_many": many,
-        "one_host_s": {"best": best["one"], "samples": samples["one"]},
-        "many_hosts_s": {"best": best["many"], "samples": samples["many"]},
+        "one_host_s": {"best": best["one"], "median": median["one"], "samples": samples["one"]},
+        "many_hosts_s": {"best": best["many"], "median": median["many"], "samples": samples["many"]},
         "many_over_one": round(best["many"] / best["one"], 2),
+        # the same ratio of the medians: less moved by one lucky or unlucky sample
+        "many_over_one_median": round(median["many"] / median["one"], 2),
         "changed_tasks_by_host": changed,  # a no-op changes nothing (report folders aside)
         "hosts_proven_in_place": proven,
     }
@@ -164,6 +168,13 @@ def main(argv: list[str] | None = None) -> dict:
             "batch_timings": report["batch_timings"],
             "hosts": report["hosts"],
         }
+        first_batch, last_batch = report["batch_timings"][0], report["batch_timings"][-1]
+        added = len(last_batch["hosts"]) - len(first_batch["hosts"])
+        if added > 0:
+            # what each host added to a batch costs the rollout beyond the one-host batch (flat: 0)
+            out["rollout"]["overhead_per_added_host_s"] = round(
+                (last_batch["overhead_s"] - first_batch["overhead_s"]) / added, 2
+            )
     finally:
         if not args.keep_lab:
             lab("down")
@@ -171,13 +182,15 @@ def main(argv: list[str] | None = None) -> dict:
     Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
     nd, nr = out["noop_deploy"], out["noop_rollout"]
     print(f"no-op deploy.yml:  1 host {nd['one_host_s']['best']} s, {args.hosts} hosts {nd['many_hosts_s']['best']} s "
-          f"({nd['many_over_one']}x; goal 1.5x)")  # fmt: skip
+          f"({nd['many_over_one']}x; medians {nd['many_over_one_median']}x; goal 1.5x)")  # fmt: skip
     print(f"no-op rollout.yml: 1 host {nr['one_host_s']['best']} s, {args.hosts} hosts {nr['many_hosts_s']['best']} s "
-          f"({nr['many_over_one']}x)")  # fmt: skip
+          f"({nr['many_over_one']}x; medians {nr['many_over_one_median']}x)")  # fmt: skip
     print(f"rollout of a flag change in batches {sizes}: {out['rollout']['wall_s']} s")
     for t in out["rollout"]["batch_timings"]:
         print(f"  batch {t['batch']} ({len(t['hosts'])} hosts): wall {t['wall_s']} s = engine warm-up "
               f"{t['engine_start_to_ready_s']} s + rollout overhead {t['overhead_s']} s")  # fmt: skip
+    if "overhead_per_added_host_s" in out["rollout"]:
+        print(f"  overhead per host added to a batch: {out['rollout']['overhead_per_added_host_s']} s")
     print(f"saved {args.output}")
     return out
 
