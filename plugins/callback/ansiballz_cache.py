@@ -1,0 +1,180 @@
+"""Callback plugin: ansible-core's AnsiballZ module builds kept from one ansible-playbook run to the next.
+
+ansible-core builds each module it sends (the module and every module_utils file it imports, found by parsing their
+sources, zipped) once per run, in the run's own temporary folder, and deletes it at the end: about 0.3 CPU s per
+distinct module per run on this project's controllers (docs/performance.md, "Module builds"). A no-op
+deploy_server.yml on one lab host builds 12 modules; the project's test suite starts hundreds of runs.
+
+At the start of a run this plugin copies the builds of earlier runs into the run's cache folder, where ansible-core
+looks first; at the end it keeps the run's new builds. The builds are kept under a digest of everything a build is
+made from: the ansible-core and Python versions and the path, size and modification time of every file under the
+module and module_utils folders of ansible-core and of every collection on the collections path. Any change there
+(a module edited, a collection installed) starts a new, empty set. Modules found outside those folders (a role's
+``library``, ``ansible.legacy`` names) are never kept. The folder is the controller user's (0700), like ansible-core's
+own temporary folder, since a build is a pickle that ansible-core loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import tempfile
+
+import ansible
+from ansible import constants as C
+from ansible.plugins.callback import CallbackBase
+from ansible.utils.collection_loader import AnsibleCollectionConfig
+
+DOCUMENTATION = """
+    name: ansiballz_cache
+    type: aggregate
+    short_description: Keep ansible-core's AnsiballZ module builds from one run to the next
+    description:
+        - Copies the module builds of earlier runs into the run's AnsiballZ cache folder at the start, and keeps the
+          run's new builds at the end, under a digest of the ansible-core and Python versions and of every file of the
+          module and module_utils folders of ansible-core and the collections (path, size, modification time).
+        - Builds of modules outside those folders (ansible.legacy names, a role's library) are never kept.
+    version_added: "0.1.0"
+    author: gpufleet maintainers
+    requirements:
+        - enabled in callbacks_enabled
+    options:
+      folder:
+        description: Where the builds are kept (one sub-folder per digest; created 0700).
+        default: ~/.ansible/gpufleet/ansiballz
+        type: path
+        env:
+          - name: GPUFLEET_ANSIBALLZ_CACHE
+        ini:
+          - section: gpufleet
+            key: ansiballz_cache
+      keep:
+        description: How many digests' folders are kept (the most recently used).
+        default: 4
+        type: int
+        env:
+          - name: GPUFLEET_ANSIBALLZ_CACHE_KEEP
+        ini:
+          - section: gpufleet
+            key: ansiballz_cache_keep
+"""
+
+# ansible-core's run cache: <local tmp of the run>/ansiballz_cache/<module fqn>-<compression>-<extensions>
+RUN_CACHE = "ansiballz_cache"
+# Builds of these names come only from the folders the digest covers.
+KEPT_PREFIXES = ("ansible.modules.", "ansible_collections.")
+
+
+def source_folders(collection_paths) -> list[str]:
+    """Every folder a kept build's sources can come from."""
+    core = os.path.dirname(ansible.__file__)
+    folders = [os.path.join(core, "modules"), os.path.join(core, "module_utils")]
+    for root in collection_paths:
+        base = os.path.join(root, "ansible_collections")
+        if not os.path.isdir(base):
+            continue
+        for namespace in sorted(os.listdir(base)):
+            if not os.path.isdir(os.path.join(base, namespace)):
+                continue
+            for name in sorted(os.listdir(os.path.join(base, namespace))):
+                for kind in ("modules", "module_utils"):
+                    folder = os.path.join(base, namespace, name, "plugins", kind)
+                    if os.path.isdir(folder):
+                        folders.append(folder)
+    return folders
+
+
+def sources_digest(folders: list[str]) -> str:
+    """sha256 of the versions and of every file's real path, size and mtime under the folders."""
+    digest = hashlib.sha256(f"{ansible.__version__}\0{platform.python_version()}\0".encode())
+    for folder in folders:
+        for path, dirs, files in os.walk(os.path.realpath(folder)):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(files):
+                full = os.path.join(path, name)
+                try:
+                    st = os.stat(full)
+                except OSError:
+                    continue
+                digest.update(f"{full}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:32]
+
+
+def kept(name: str) -> bool:
+    return name.startswith(KEPT_PREFIXES) and not name.endswith((".lock", "-part"))
+
+
+def seed(store: str, run_cache: str) -> set[str]:
+    """Copy the kept builds into the run's cache folder; the names copied."""
+    if not os.path.isdir(store):
+        return set()
+    os.makedirs(run_cache, exist_ok=True)
+    seeded = set()
+    for name in os.listdir(store):
+        if kept(name) and not os.path.exists(os.path.join(run_cache, name)):
+            # ansible-core never writes a build in place (a new one is renamed over it), so a link is safe
+            try:
+                os.link(os.path.join(store, name), os.path.join(run_cache, name))
+            except OSError:
+                shutil.copyfile(os.path.join(store, name), os.path.join(run_cache, name))
+            seeded.add(name)
+    return seeded
+
+
+def keep(run_cache: str, store: str, seeded: set[str]) -> list[str]:
+    """Copy the run's new builds into the store (each through a temporary file and a rename); the names kept."""
+    if not os.path.isdir(run_cache):
+        return []
+    os.makedirs(store, mode=0o700, exist_ok=True)
+    added = []
+    for name in sorted(os.listdir(run_cache)):
+        if not kept(name) or name in seeded or os.path.exists(os.path.join(store, name)):
+            continue
+        fd, tmp = tempfile.mkstemp(dir=store, prefix=".part-")
+        os.close(fd)
+        shutil.copyfile(os.path.join(run_cache, name), tmp)
+        os.replace(tmp, os.path.join(store, name))
+        added.append(name)
+    return added
+
+
+def prune(root: str, current: str, keep_count: int) -> None:
+    """Remove all but the keep_count most recently used digest folders (never the current one)."""
+    folders = [os.path.join(root, d) for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))]
+    folders.sort(key=os.path.getmtime, reverse=True)
+    for folder in folders[max(keep_count, 1) :]:
+        if os.path.realpath(folder) != os.path.realpath(current):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "gpufleet.fleet.ansiballz_cache"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self, display=None):
+        super().__init__(display=display)
+        self._store = ""
+        self._run_cache = ""
+        self._seeded: set[str] = set()
+
+    def set_options(self, task_keys=None, var_options=None, direct=None):
+        super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)
+        root = self.get_option("folder")
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        os.chmod(root, 0o700)
+        self._root = root
+        self._store = os.path.join(root, sources_digest(source_folders(AnsibleCollectionConfig.collection_paths)))
+        self._run_cache = os.path.join(C.DEFAULT_LOCAL_TMP, RUN_CACHE)
+        self._seeded = seed(self._store, self._run_cache)
+        if os.path.isdir(self._store):
+            os.utime(self._store)  # most recently used
+
+    def v2_playbook_on_stats(self, stats):
+        added = keep(self._run_cache, self._store, self._seeded)
+        if added:
+            prune(self._root, self._store, self.get_option("keep"))
+        self._display.vvv(f"ansiballz_cache: {len(self._seeded)} builds reused, {len(added)} kept in {self._store}")

@@ -1,0 +1,96 @@
+"""The AnsiballZ build cache (plugins/callback/ansiballz_cache.py, enabled in the project's ansible.cfg): a run reuses
+the module builds of earlier runs while no module or module_utils file changed, and never keeps what it cannot key."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ansible_collections.gpufleet.fleet.plugins.callback import ansiballz_cache as cache
+
+REPO = Path(__file__).resolve().parents[3]
+PLAY = """\
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: A builtin module
+      ansible.builtin.command: echo built
+      changed_when: false
+    - name: A module of the collection
+      gpufleet.fleet.file_checksums:
+        paths: [/etc/hostname]
+"""
+
+
+def run(tmp_path: Path, store: Path, *extra: str) -> subprocess.CompletedProcess:
+    play = tmp_path / "play.yml"
+    play.write_text(PLAY)
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), GPUFLEET_ANSIBALLZ_CACHE=str(store),
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"), ANSIBLE_FORCE_COLOR="0")  # fmt: skip
+    proc = subprocess.run(
+        [str(REPO / ".venv/bin/ansible-playbook"), "-i", "localhost,", "-c", "local", "-vvv", str(play),
+         "-e", f"ansible_python_interpreter={sys.executable}", *extra],
+        cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_a_second_run_reuses_the_first_runs_builds(tmp_path):
+    store = tmp_path / "store"
+    first = run(tmp_path, store)
+    assert "ansiballz_cache: 0 builds reused, 2 kept" in first.stdout
+    [digest] = list(store.iterdir())
+    assert oct(store.stat().st_mode & 0o777) == "0o700"
+    assert sorted(p.name for p in digest.iterdir()) == [
+        "ansible.modules.command-ZIP_DEFLATED-none",
+        "ansible_collections.gpufleet.fleet.plugins.modules.file_checksums-ZIP_DEFLATED-none",
+    ]
+    second = run(tmp_path, store)
+    assert "ansiballz_cache: 2 builds reused, 0 kept" in second.stdout
+    assert "built" in second.stdout  # the reused command module ran
+
+
+def test_a_changed_module_utils_file_starts_a_new_set(tmp_path):
+    folders = [str(tmp_path / "modules"), str(tmp_path / "module_utils")]
+    for folder in folders:
+        os.makedirs(folder)
+    util = Path(folders[1]) / "helper.py"
+    util.write_text("VALUE = 1\n")
+    before = cache.sources_digest(folders)
+    assert cache.sources_digest(folders) == before
+    util.write_text("VALUE = 2\n")
+    os.utime(util, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+    assert cache.sources_digest(folders) != before
+    (Path(folders[0]) / "new_module.py").write_text("")
+    assert len({before, cache.sources_digest(folders)}) == 2
+
+
+def test_the_digest_covers_the_collections_modules_and_module_utils():
+    folders = cache.source_folders([str(REPO / "collections")])
+    assert str(REPO / "collections/ansible_collections/gpufleet/fleet/plugins/module_utils") in folders
+    assert str(REPO / "collections/ansible_collections/gpufleet/fleet/plugins/modules") in folders
+    assert any(f.endswith("ansible/module_utils") for f in folders)
+
+
+def test_builds_it_cannot_key_are_never_kept(tmp_path):
+    run_cache, store = tmp_path / "run", tmp_path / "store"
+    run_cache.mkdir()
+    for name in ("ansible.legacy.my_role_module-ZIP_DEFLATED-none", "ansible.modules.copy-ZIP_DEFLATED-none.lock",
+                 "ansible.modules.copy-ZIP_DEFLATED-none-part", "ansible.modules.copy-ZIP_DEFLATED-none"):  # fmt: skip
+        (run_cache / name).write_text(name)
+    assert cache.keep(str(run_cache), str(store), set()) == ["ansible.modules.copy-ZIP_DEFLATED-none"]
+    fresh = tmp_path / "fresh"
+    assert cache.seed(str(store), str(fresh)) == {"ansible.modules.copy-ZIP_DEFLATED-none"}
+    assert (fresh / "ansible.modules.copy-ZIP_DEFLATED-none").read_text() == "ansible.modules.copy-ZIP_DEFLATED-none"
+
+
+def test_only_the_most_recent_sets_are_kept(tmp_path):
+    for age, name in enumerate(("newest", "mid", "old", "oldest")):
+        (tmp_path / name).mkdir()
+        os.utime(tmp_path / name, (time.time() - age * 100, time.time() - age * 100))
+    cache.prune(str(tmp_path), str(tmp_path / "oldest"), 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mid", "newest", "oldest"]  # the current one stays
