@@ -31,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -52,6 +53,70 @@ REPORTS = {
     "rollout_deploy_report_dir": str(WORK / "reports/deploy"),
     "rollout_report_dir": str(WORK / "reports/rollout"),
 }
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def controller_cpu() -> tuple[float, float] | None:
+    """(main, all) CPU seconds of the running ansible-playbook child of this process: its main process alone (the
+    serial part: strategy, variables of each task and host, results) and with the workers it has reaped (cutime,
+    cstime; a worker's ssh clients are in its own). None when no playbook runs."""
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[1]) != os.getpid() or "ansible-playboo" not in stat[: stat.rindex(")")]:
+            continue
+        utime, stime, cutime, cstime = (int(x) / CLK_TCK for x in fields[11:15])
+        return utime + stime, utime + stime + cutime + cstime
+    return None
+
+
+def lab_host_cpu() -> dict[str, float]:
+    """CPU seconds of each host of the bench lab, from its cgroup (the lab tool's gpufleet-lab/<lab>/<host>)."""
+    out = {}
+    for stat in Path(f"/sys/fs/cgroup/unified/gpufleet-lab/{LAB}").glob("*/cpu.stat"):
+        for line in stat.read_text().splitlines():
+            if line.startswith("usage_usec "):
+                out[stat.parent.name] = int(line.split()[1]) / 1e6
+    return out
+
+
+class CpuSampler(threading.Thread):
+    """Samples (time, controller main CPU, controller CPU, each lab host's CPU) every 0.2 s while a playbook runs, so
+    each batch's window of a rollout can be charged: the controller's serial main process, the controller with its
+    workers, the gateway host and the server hosts (on real VMs each server host has its own CPUs; here all of
+    them share this machine's cores, which is why the server hosts' CPU is reported apart)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, float, float, dict]] = []
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.wait(0.2):
+            cpu = controller_cpu()
+            if cpu is not None:
+                self.samples.append((time.time(), cpu[0], cpu[1], lab_host_cpu()))
+
+    def window(self, start: float, end: float) -> dict:
+        """CPU seconds spent between two wall-clock times (the samples nearest inside them)."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return {}
+        (_, m0, a0, h0), (_, m1, a1, h1) = inside[0], inside[-1]
+        hosts = {h: h1[h] - h0.get(h, h1[h]) for h in h1}
+        gateway = sum(v for h, v in hosts.items() if "-router-" in h)
+        return {
+            "controller_main_s": round(m1 - m0, 2),
+            "controller_s": round(a1 - a0, 2),
+            "gateway_s": round(gateway, 2),
+            "server_hosts_s": round(sum(hosts.values()) - gateway, 2),
+            "sampled_s": round(inside[-1][0] - inside[0][0], 2),
+        }
 
 
 def lab(*args: str) -> str:
@@ -157,10 +222,19 @@ def main(argv: list[str] | None = None) -> dict:
             "rollout_max_unavailable": max(sizes),
             "sglang_server_args_host": {"chunked-prefill-size": 4096},
         }
-        wall, _ = playbook("playbooks/rollout.yml", extra=extra)
+        sampler = CpuSampler()
+        sampler.start()
+        try:
+            wall, _ = playbook("playbooks/rollout.yml", extra=extra)
+        finally:
+            sampler.stop.set()
+            sampler.join()
         report = json.loads((WORK / "reports/rollout/last.json").read_text())
         if report["result"] != "ok":
             raise SystemExit(f"the real rollout did not end ok: {json.dumps(report)[:3000]}")
+        for t in report["batch_timings"]:
+            # CPU spent in the batch's window (its start to its gate): what grows with the hosts of a batch
+            t["cpu_s"] = sampler.window(float(t["started_at"]), float(t["started_at"]) + float(t["wall_s"]))
         out["rollout"] = {
             "change": "sglang_server_args_host chunked-prefill-size 4096",
             "serial": sizes,
@@ -175,6 +249,13 @@ def main(argv: list[str] | None = None) -> dict:
             out["rollout"]["overhead_per_added_host_s"] = round(
                 (last_batch["overhead_s"] - first_batch["overhead_s"]) / added, 2
             )
+            # and the CPU each added host costs, by where it is spent (the controller's main process is serial)
+            first_cpu, last_cpu = first_batch.get("cpu_s") or {}, last_batch.get("cpu_s") or {}
+            out["rollout"]["cpu_per_added_host_s"] = {
+                k: round((last_cpu[k] - first_cpu[k]) / added, 2)
+                for k in last_cpu
+                if k in first_cpu and k != "sampled_s"
+            }
     finally:
         if not args.keep_lab:
             lab("down")
@@ -189,8 +270,11 @@ def main(argv: list[str] | None = None) -> dict:
     for t in out["rollout"]["batch_timings"]:
         print(f"  batch {t['batch']} ({len(t['hosts'])} hosts): wall {t['wall_s']} s = engine warm-up "
               f"{t['engine_start_to_ready_s']} s + rollout overhead {t['overhead_s']} s")  # fmt: skip
+    for t in out["rollout"]["batch_timings"]:
+        print(f"  batch {t['batch']} CPU in its window: {t.get('cpu_s')}")
     if "overhead_per_added_host_s" in out["rollout"]:
         print(f"  overhead per host added to a batch: {out['rollout']['overhead_per_added_host_s']} s")
+        print(f"  CPU per host added to a batch: {out['rollout'].get('cpu_per_added_host_s')}")
     print(f"saved {args.output}")
     return out
 

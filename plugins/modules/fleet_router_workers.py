@@ -48,6 +48,13 @@ options:
       - With present, each worker must answer C(GET <url>/health) with 200 (this many seconds per request) before
         it is added; one that does not is not added and the module fails (a failed host never gets traffic).
         0 checks nothing before the C(POST).
+  leave_out_unhealthy:
+    type: bool
+    default: false
+    description:
+      - With present and I(health_timeout), a worker whose C(/health) is not 200 is left out (listed in
+        C(left_out)) and the others are added; the module does not fail for it. One module run adds back every
+        healthy worker of a rollout batch.
 """
 
 EXAMPLES = r"""
@@ -82,6 +89,16 @@ EXAMPLES = r"""
     urls: [http://10.0.0.11:8000]
     health_timeout: 30
   delegate_to: gateway-01
+
+- name: Add back the workers of a batch that answer /health (the others are left out and listed)
+  gpufleet.fleet.fleet_router_workers:
+    api_key: "{{ fleet_router_control_plane_api_key }}"
+    state: present
+    urls: [http://10.0.0.11:8000, http://10.0.0.12:8000]
+    health_timeout: 30
+    leave_out_unhealthy: true
+  delegate_to: gateway-01
+  run_once: true
 """
 
 RETURN = r"""
@@ -89,6 +106,10 @@ workers: {type: list, description: The router's workers at the end (id, url, mod
 added: {type: list, description: URLs added.}
 removed: {type: list, description: URLs removed (with their worker id).}
 in_router: {type: bool, description: With present, every URL is healthy in the router (false when the module failed).}
+in_router_urls: {type: list, description: With present, the URLs asked for that are healthy in the router at the end.}
+left_out:
+  type: dict
+  description: With leave_out_unhealthy, the URLs not added because their /health was not 200 (URL -> status, 0 none).
 drain:
   type: dict
   description:
@@ -157,23 +178,37 @@ def running_requests(body: dict | None) -> int | None:
     return None
 
 
-def drain(url: str, at_removal: int | None, timeout_s: int, http_timeout: int, sleep=time.sleep) -> dict:
-    """Wait until the worker's own running requests are 0, it stops answering, or timeout_s ran out."""
+def drain_all(at_removal: dict, timeout_s: int, http_timeout: int, sleep=time.sleep) -> dict:
+    """Wait until each worker's own running requests are 0, it stops answering, or timeout_s ran out; the workers
+    are read together once a second (those of one batch drain at the same time)."""
     started = time.monotonic()
-    left, answered = at_removal, True
+    state = {url: {"left": n, "answered": True, "done": False, "waited_s": 0.0} for url, n in at_removal.items()}
     for attempt in range(timeout_s + 1):
-        status, body = http_get(f"{url}/v1/loads", http_timeout)
-        answered = status == 200
-        left = running_requests(body) if answered else None
-        if not answered or left == 0 or attempt == timeout_s:
+        for url, st in state.items():
+            if st["done"]:
+                continue
+            status, body = http_get(f"{url}/v1/loads", http_timeout)
+            st["answered"] = status == 200
+            st["left"] = running_requests(body) if st["answered"] else None
+            if not st["answered"] or st["left"] == 0 or attempt == timeout_s:
+                st["done"], st["waited_s"] = True, round(time.monotonic() - started, 2)
+        if all(st["done"] for st in state.values()):
             break
         sleep(1)
     return {
-        "in_flight_at_removal": at_removal,
-        "waited_s": round(time.monotonic() - started, 2),
-        "in_flight_left": left if answered else None,
-        "timed_out": bool(answered and left != 0),
+        url: {
+            "in_flight_at_removal": at_removal[url],
+            "waited_s": st["waited_s"],
+            "in_flight_left": st["left"] if st["answered"] else None,
+            "timed_out": bool(st["answered"] and st["left"] != 0),
+        }
+        for url, st in state.items()
     }
+
+
+def drain(url: str, at_removal: int | None, timeout_s: int, http_timeout: int, sleep=time.sleep) -> dict:
+    """drain_all of one worker."""
+    return drain_all({url: at_removal}, timeout_s, http_timeout, sleep)[url]
 
 
 def main() -> None:
@@ -188,6 +223,7 @@ def main() -> None:
             "http_timeout": {"type": "int", "default": 10},
             "drain_timeout": {"type": "int", "default": 0},
             "health_timeout": {"type": "int", "default": 0},
+            "leave_out_unhealthy": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -199,6 +235,20 @@ def main() -> None:
     except (OSError, RuntimeError) as exc:
         module.fail_json(msg=f"router API at {p['api_url']} not usable: {exc}")
     by_url = {norm(w["url"]): w for w in current}
+    left_out = {}
+    if p["state"] == "present" and p["health_timeout"] > 0 and not module.check_mode:
+        for url in wanted:
+            status, _ = http_get(f"{url}/health", p["health_timeout"])
+            if status == 200:
+                continue
+            if not p["leave_out_unhealthy"]:
+                module.fail_json(
+                    msg=f"not added to the router: {url}/health answered {status or 'nothing'} (a failed host never "
+                    "gets traffic)",
+                    workers=current, added=[], removed=[], in_router=False, health_status=status,
+                )  # fmt: skip
+            left_out[url] = status
+        wanted = [u for u in wanted if u not in left_out]
     added, removed = [], []
     if p["state"] == "present":
         added = [u for u in wanted if u not in by_url]
@@ -210,15 +260,6 @@ def main() -> None:
     if module.check_mode or p["state"] == "query":
         module.exit_json(changed=changed, workers=current, added=added, removed=removed)
 
-    if p["state"] == "present" and p["health_timeout"] > 0:
-        for url in wanted:
-            status, _ = http_get(f"{url}/health", p["health_timeout"])
-            if status != 200:
-                module.fail_json(
-                    msg=f"not added to the router: {url}/health answered {status or 'nothing'} (a failed host never "
-                    "gets traffic)",
-                    workers=current, added=[], removed=[], in_router=False, health_status=status,
-                )  # fmt: skip
     # with absent and drain_timeout, every URL asked for is drained (also one the router did not list)
     at_removal = {}
     if p["state"] == "absent" and p["drain_timeout"] > 0:
@@ -262,11 +303,12 @@ def main() -> None:
                 removed=removed,
             )
         time.sleep(0.5)
-    timeout, http_timeout = p["drain_timeout"], p["http_timeout"]
-    drained = {url: drain(url, count, timeout, http_timeout) for url, count in at_removal.items()}
+    drained = drain_all(at_removal, p["drain_timeout"], p["http_timeout"]) if at_removal else {}
+    healthy = sorted(u for u in wanted if u in urls and urls[u].get("is_healthy")) if p["state"] == "present" else []
     module.exit_json(
-        changed=changed, workers=workers, added=added, removed=removed, in_router=p["state"] == "present", drain=drained
-    )
+        changed=changed, workers=workers, added=added, removed=removed, drain=drained, left_out=left_out,
+        in_router=p["state"] == "present" and not left_out, in_router_urls=healthy,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

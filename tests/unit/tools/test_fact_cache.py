@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import textwrap
 from pathlib import Path
-
-import pytest
-from ansible._internal._json._profiles import _cache_persistence
-from ansible.plugins.loader import cache_loader, init_plugin_loader
 
 REPO = Path(__file__).resolve().parents[3]
 FACTS = {
@@ -19,82 +17,105 @@ FACTS = {
     "ratio": 0.85,
     "driver_loaded": True,
 }
+# Each check runs in a fresh Python that finds plugins by FQCN as ansible-playbook does (the collection loader
+# installed first: in the test session the collection is also imported as a plain package by other tests).
+PRELUDE = """
+import json, sys
+from ansible._internal._json._profiles import _cache_persistence
+from ansible.plugins.loader import cache_loader, init_plugin_loader
+init_plugin_loader([sys.argv[1]])
+FOLDER, FACTS = sys.argv[2], json.loads(sys.argv[3])
+ours = lambda: cache_loader.get("gpufleet.fleet.jsonfile", _uri=FOLDER)  # as the variable manager gets it
+builtin = lambda: cache_loader.get("ansible.builtin.jsonfile", _uri=FOLDER)  # wrapped by ansible-core's interposer
+decodes = []
+loads = json.loads
+def counting(text, *args, **kwargs):  # decodes of a host's document (its payload, through the cache decoder)
+    if kwargs.get("cls") is _cache_persistence.Decoder:
+        decodes.append(len(text))
+    return loads(text, *args, **kwargs)
+json.loads = counting
+out = {}
+"""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def collection_loader():
-    """Plugins found by their FQCN, as ansible-playbook finds them (ansible.cfg's collections_path)."""
-    init_plugin_loader([str(REPO / "collections")])
-
-
-def ours(folder: Path):
-    """gpufleet.fleet.jsonfile as ansible-core hands it to the variable manager."""
-    return cache_loader.get("gpufleet.fleet.jsonfile", _uri=str(folder))
-
-
-def builtin(folder: Path):
-    """ansible.builtin.jsonfile as ansible-core hands it to the variable manager (wrapped by its interposer)."""
-    return cache_loader.get("ansible.builtin.jsonfile", _uri=str(folder))
-
-
-def count_decodes(monkeypatch) -> list:
-    """Decodes of a host's document (its payload, through ansible-core's cache decoder)."""
-    calls = []
-    loads = json.loads
-
-    def counting(text, *args, **kwargs):
-        if kwargs.get("cls") is _cache_persistence.Decoder:
-            calls.append(len(text))
-        return loads(text, *args, **kwargs)
-
-    monkeypatch.setattr(json, "loads", counting)
-    return calls
+def check(folder: Path, code: str) -> dict:
+    """Run code after PRELUDE in a fresh Python; the dict it leaves in ``out``."""
+    script = PRELUDE + textwrap.dedent(code) + "\nprint(json.dumps(out, default=str))\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(REPO / "collections"), str(folder), json.dumps(FACTS)],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
 
 
 def test_what_it_writes_ansible_builtin_jsonfile_reads(tmp_path):
-    ours(tmp_path).set("gpu-01", FACTS)
+    out = check(tmp_path, """
+        ours().set("gpu-01", FACTS)
+        out["read"] = builtin().get("gpu-01")
+    """)  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s1_gpu-01"]  # the builtin plugin's file name
-    assert builtin(tmp_path).get("gpu-01") == FACTS
+    assert out["read"] == FACTS
 
 
 def test_it_reads_what_ansible_builtin_jsonfile_wrote(tmp_path):
-    builtin(tmp_path).set("gpu-01", FACTS)
-    cache = ours(tmp_path)
-    assert cache.keys() == ["gpu-01"]
-    assert cache.contains("gpu-01") and not cache.contains("gpu-02")
-    assert cache.get("gpu-01") == FACTS
-    with pytest.raises(KeyError):
-        cache.get("gpu-02")
+    out = check(tmp_path, """
+        builtin().set("gpu-01", FACTS)
+        cache = ours()
+        out.update(keys=cache.keys(), has=cache.contains("gpu-01"), has_other=cache.contains("gpu-02"),
+                   read=cache.get("gpu-01"))
+        try:
+            cache.get("gpu-02")
+        except KeyError:
+            out["missing"] = "KeyError"
+    """)  # fmt: skip
+    assert out == {"keys": ["gpu-01"], "has": True, "has_other": False, "read": FACTS, "missing": "KeyError"}
 
 
-def test_a_host_is_decoded_once_per_run(tmp_path, monkeypatch):
-    builtin(tmp_path).set("gpu-01", FACTS)
-    cache = ours(tmp_path)
-    assert type(cache).__module__ == "ansible_collections.gpufleet.fleet.plugins.cache.jsonfile"  # not wrapped
-    decodes = count_decodes(monkeypatch)
-    first = cache.get("gpu-01")
-    for _ in range(50):  # the variable manager reads the host's facts for every task
-        assert cache.get("gpu-01") is first
-    assert len(decodes) == 1
+def test_a_host_is_decoded_once_per_run(tmp_path):
+    out = check(tmp_path, """
+        builtin().set("gpu-01", FACTS)
+        cache = ours()
+        out["plugin"] = type(cache).__module__  # the loader did not wrap it in the interposer
+        decodes.clear()
+        first = cache.get("gpu-01")
+        out["same"] = all(cache.get("gpu-01") is first for _ in range(50))  # read for every task and host
+        out["decodes"] = len(decodes)
+        wrapped = builtin()
+        decodes.clear()
+        for _ in range(3):
+            wrapped.get("gpu-01")
+        out["builtin_decodes"] = len(decodes)
+    """)  # fmt: skip
+    assert out["plugin"] == "ansible_collections.gpufleet.fleet.plugins.cache.jsonfile"
+    assert out["same"] is True and out["decodes"] == 1
+    assert out["builtin_decodes"] == 3  # why the plugin exists: ansible.builtin.jsonfile decodes on every read
 
 
-def test_facts_set_during_the_run_are_read_back_without_decoding(tmp_path, monkeypatch):
-    cache = ours(tmp_path)
-    decodes = count_decodes(monkeypatch)
-    cache.set("gpu-01", FACTS)
-    assert cache.get("gpu-01") is FACTS
-    assert decodes == []
-    assert ours(tmp_path).get("gpu-01") == FACTS  # the next run reads the file
+def test_facts_set_during_the_run_are_read_back_without_decoding(tmp_path):
+    out = check(tmp_path, """
+        cache = ours()
+        decodes.clear()
+        cache.set("gpu-01", FACTS)
+        out["same"] = cache.get("gpu-01") is FACTS
+        out["decodes"] = len(decodes)
+        out["next_run"] = ours().get("gpu-01")  # a new plugin object reads the file
+    """)  # fmt: skip
+    assert out == {"same": True, "decodes": 0, "next_run": FACTS}
 
 
 def test_delete_and_flush_remove_the_files(tmp_path):
-    cache = ours(tmp_path)
-    cache.set("gpu-01", FACTS)
-    cache.set("gpu-02", FACTS)
-    cache.delete("gpu-01")
-    assert not cache.contains("gpu-01") and cache.keys() == ["gpu-02"]
-    cache.flush()
-    assert cache.keys() == [] and list(tmp_path.iterdir()) == []
+    out = check(tmp_path, """
+        cache = ours()
+        cache.set("gpu-01", FACTS)
+        cache.set("gpu-02", FACTS)
+        cache.delete("gpu-01")
+        out["after_delete"] = [cache.contains("gpu-01"), cache.keys()]
+        cache.flush()
+        out["after_flush"] = cache.keys()
+    """)  # fmt: skip
+    assert out == {"after_delete": [False, ["gpu-02"]], "after_flush": []}
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_project_config_keeps_a_fact_from_one_run_for_the_next(tmp_path):
@@ -117,4 +138,5 @@ def test_the_project_config_keeps_a_fact_from_one_run_for_the_next(tmp_path):
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "read back /srv/models/m/rev" in proc.stdout
-    assert builtin(tmp_path / "facts").get("localhost")["staged_path"] == "/srv/models/m/rev"
+    out = check(tmp_path / "facts", 'out["staged"] = builtin().get("localhost")["staged_path"]')
+    assert out["staged"] == "/srv/models/m/rev"
