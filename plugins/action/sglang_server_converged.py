@@ -215,22 +215,16 @@ class ActionModule(ActionBase):
         if mode == "record":
             args.pop("enabled", None)
             args.pop("report_dir", None)
+            # The inputs as they template at the end of the run, with the facts its stages gathered: a value that
+            # names a fact (a lab address from ansible_facts) could not be templated by the first play on a new
+            # host, and recording that text made the next no-op deploy.yml run every stage once more.
+            args["inputs"] = self._inputs(task_vars)
             result.update(self._execute_module(module_name="gpufleet.fleet.sglang_server_converged",
                                                module_args=args, task_vars=task_vars))  # fmt: skip
             return result
 
         started = time.monotonic()
-        root = os.path.dirname(os.path.dirname(task_vars["role_path"]))
-        variables = self._inventory_variables(task_vars)
-        inputs = input_digests(
-            variables,
-            self._templar.template,
-            code_digest(root),
-            str((task_vars.get("ansible_version") or {}).get("full", "")),
-        )
-        peers = multinode_peers(variables)
-        if peers:
-            inputs["vars"]["multinode_peers"] = value_digest("multinode_peers", peers)
+        inputs = self._inputs(task_vars)
         result.update(changed=False, inputs=inputs, health={}, report_dir=args.get("report_dir") or "")
         if not args.get("enabled", True):
             result.update(converged=False, reasons=["sglang_server_converged_fast_path is false"], main_pid=0)
@@ -258,6 +252,21 @@ class ActionModule(ActionBase):
             seconds=round(time.monotonic() - started, 3),
         )
         return result
+
+    def _inputs(self, task_vars: dict) -> dict:
+        """The digests of this host's inputs now (input_digests, with a multi-node server's peers)."""
+        root = os.path.dirname(os.path.dirname(task_vars["role_path"]))
+        variables = self._inventory_variables(task_vars)
+        inputs = input_digests(
+            variables,
+            self._templar.template,
+            code_digest(root),
+            str((task_vars.get("ansible_version") or {}).get("full", "")),
+        )
+        peers = multinode_peers(variables)
+        if peers:
+            inputs["vars"]["multinode_peers"] = value_digest("multinode_peers", peers)
+        return inputs
 
     def _inventory_variables(self, task_vars: dict) -> dict:
         """The host's variables from the inventory and the extra vars only (no role defaults, no play vars: they are

@@ -46,6 +46,29 @@ def rollout_hostvar(hosts: list, hostvars, name: str, default=None) -> dict:
     return {h: hostvars[h].get(name, default) if h in hostvars else default for h in hosts}
 
 
+def rollout_setting_differences(hosts: list, hostvars, names: list) -> list[str]:
+    """The rollout settings (``names``) whose value is not the same on every host of the run, one sentence each: a
+    rollout is one run (its batches, budget, locks, drain and report are the run's), so its settings are read once,
+    from the first host, and a host that sets another value would be ignored without this refusal."""
+    problems = []
+    for name in names:
+        values = {h: hostvars[h].get(name) for h in hosts}
+        distinct = {repr(v) for v in values.values()}
+        if len(distinct) > 1:
+            first = hosts[0]
+            others = [h for h in hosts if repr(values[h]) != repr(values[first])]
+
+            def shown(value):  # a host that does not set it gets the role's default
+                return "the role default" if value is None else repr(value)
+
+            problems.append(
+                f"{name} differs between hosts ({first}: {shown(values[first])}; {', '.join(others[:5])}"
+                f"{' and others' if len(others) > 5 else ''}: {shown(values[others[0]])}): it is a setting of the "
+                "whole rollout; set it once (group_vars of every server, or -e)"
+            )
+    return problems
+
+
 def rollout_decisions(hosts: list, hostvars, pipeline: str, staged: list) -> dict:
     """What the plays before the batches found on each worker of the rollout: {"restart": [...], "unchanged": [...],
     "refused": {host: why}}, hosts in the order given.
@@ -150,4 +173,5 @@ class FilterModule:
             "rollout_hostvar": rollout_hostvar,
             "rollout_decisions": rollout_decisions,
             "rollout_multinode_problems": rollout_multinode_problems,
+            "rollout_setting_differences": rollout_setting_differences,
         }

@@ -74,8 +74,8 @@ options:
     type: path
   inputs:
     description: >-
-      Digests of the run's inputs, C({code, ansible, vars: {name: digest}}), from the action plugin (check) or the
-      check's registered result C(sglang_server_converged.inputs) (record).
+      Digests of the run's inputs, C({code, ansible, vars: {name: digest}}), computed by the action plugin in both
+      modes (record: at the end of the run, with the facts its stages gathered).
     type: dict
   unit:
     description: "The server's systemd unit (record; the check takes it from the record)."
@@ -101,7 +101,6 @@ EXAMPLES = r"""
   gpufleet.fleet.sglang_server_converged:
     mode: record
     record_path: /var/lib/gpufleet/sglang-server/converged.json
-    inputs: "{{ sglang_server_converged.inputs }}"
     unit: sglang-server.service
     smoke:
       base_url: http://127.0.0.1:8000

@@ -4,6 +4,7 @@ each changes what it should and nothing else.
 
   converge   deploy.yml: preflight, cuda_toolkit (lab CUDA mirror), ml_env (lab wheelhouse), model_weights
              (lab test hub), sglang_server
+  again      deploy.yml right after: the new host is proven in place, no stage runs
   restart    playbooks/restart.yml: a new server process, same unit, release, model and flags
   deploy B   playbooks/deploy_server.yml with another flag value (the server stage alone)
   rollback   playbooks/rollback.yml: version A serves again, with the staged model
@@ -68,6 +69,17 @@ def test_deploy_ran_every_stage_and_the_server_uses_their_results(host, deployed
     assert r["versions"]["ml_env_release"] == release
     assert r["comm_profile"] == "no-p2p"  # preflight's derivation for the 8x RTX PRO 6000 PCIe VM
     assert_answers(host)
+
+
+def test_a_second_deploy_right_after_the_first_proves_the_new_host_in_place(host, deployed):
+    """The first deploy.yml on a new host (the converge) recorded its inputs as they template at its end, with the
+    facts its stages gathered (the lab's addresses come from ansible_facts): the next deploy.yml templates them the
+    same way and runs no stage. Recorded as the first play saw them (no facts yet on a new host), they differed and
+    the second deploy.yml ran every stage again."""
+    rc, out = run_playbook("deploy.yml")
+    assert rc == 0, out[-4000:]
+    assert f"{HOST}: converged, proven in place by a generation" in out, out[-4000:]
+    assert serving(host)["engine"]["pid"] == deployed["serving"]["engine"]["pid"]
 
 
 def test_restart_playbook_restarts_the_same_version(host, deployed):

@@ -170,6 +170,24 @@ def test_a_full_pipeline_rollout_takes_every_host_through_its_batch():
     }  # fmt: skip
 
 
+def test_a_rollout_setting_set_differently_on_one_host_is_refused_naming_it():
+    hostvars = {f"gpu-0{i}": {"rollout_drain_timeout_s": 120, "rollout_serial": [1, "25%"]} for i in range(1, 4)}
+    hostvars["gpu-03"]["rollout_drain_timeout_s"] = 600
+    names = ["rollout_serial", "rollout_drain_timeout_s"]
+    problems = rollout.rollout_setting_differences(list(hostvars), hostvars, names)
+    assert problems == [
+        "rollout_drain_timeout_s differs between hosts (gpu-01: 120; gpu-03: 600): it is a setting of the whole "
+        "rollout; set it once (group_vars of every server, or -e)"
+    ]
+    hostvars["gpu-03"]["rollout_drain_timeout_s"] = 120
+    assert rollout.rollout_setting_differences(list(hostvars), hostvars, ["rollout_drain_timeout_s"]) == []
+    del hostvars["gpu-01"]["rollout_serial"]  # not set on the first host: it gets the role's default
+    assert rollout.rollout_setting_differences(list(hostvars), hostvars, ["rollout_serial"]) == [
+        "rollout_serial differs between hosts (gpu-01: the role default; gpu-02, gpu-03: [1, '25%']): it is a setting "
+        "of the whole rollout; set it once (group_vars of every server, or -e)"
+    ]
+
+
 def test_extra_smg_flags():
     argv = fleet_router.smg_extra_argv({"request-timeout-secs": 600, "log-json": True, "x": False, "n": ["a", "b"]})
     assert argv == ["--request-timeout-secs", "600", "--log-json", "--n", "a", "b"]
