@@ -19,6 +19,15 @@ def loads_answer(total: int) -> dict:
     return {"dp_rank_count": 1, "loads": [load], "aggregate": {"total_running_reqs": total, "total_reqs": total}}
 
 
+def serving(handler, state: dict):
+    """Serve the handler on a loopback port while the fixture's test runs; state["url"] is its address."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    state["url"] = f"http://127.0.0.1:{server.server_address[1]}"
+    yield state
+    server.shutdown()
+
+
 @pytest.fixture
 def worker():
     """A loopback HTTP endpoint answering /v1/loads from a script of counts (the last one repeats) and /health."""
@@ -41,11 +50,7 @@ def worker():
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    state["url"] = f"http://127.0.0.1:{server.server_address[1]}"
-    yield state
-    server.shutdown()
+    yield from serving(Handler, state)
 
 
 def test_requests_are_read_from_the_aggregate_or_summed_over_dp_ranks():
@@ -122,11 +127,7 @@ def router():
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    state["url"] = f"http://127.0.0.1:{server.server_address[1]}"
-    yield state
-    server.shutdown()
+    yield from serving(Handler, state)
 
 
 MODULE = "ansible_collections.gpufleet.fleet.plugins.modules.fleet_router_workers"
