@@ -66,8 +66,9 @@ CONNECTION_VARS = frozenset(
 )
 # This fast path's own switch and results, and the rollout's variables: how a rollout runs (batches, budget,
 # locks, its reports) is not what a host runs, so a no-op rollout.yml (-e rollout_serial=...) finds the record of
-# the last deploy.yml as a no-op deploy.yml does.
-NOT_INPUT_PREFIXES = ("sglang_server_converged", "rollout_")
+# the last deploy.yml as a no-op deploy.yml does. Molecule's own inventory variables (molecule_file names the
+# ephemeral molecule.yml that Molecule rewrites at every step) describe the test run, not what a host runs.
+NOT_INPUT_PREFIXES = ("sglang_server_converged", "rollout_", "molecule_")
 # The collection's code: what a role or playbook does is in these folders (relative to the collection root).
 CODE_FOLDERS = ("roles", "playbooks", "plugins", "templates", "locks", "meta")
 CODE_FILES = ("galaxy.yml", "deploy.yml")

@@ -153,7 +153,7 @@ def test_the_gpu_list_is_read_from_nvidia_smi_csv():
 # --- what is an input --------------------------------------------------------------------------------------------
 
 
-def test_inputs_are_the_hosts_variables_not_ansibles_own_nor_facts_nor_the_switch_nor_the_rollouts():
+def test_inputs_are_the_hosts_variables_not_ansibles_own_nor_facts_nor_the_switch_nor_the_rollouts_nor_molecules():
     variables = {
         "sglang_server_args_host": {"tp-size": 8},
         "ansible_host": "10.123.0.2",
@@ -169,6 +169,7 @@ def test_inputs_are_the_hosts_variables_not_ansibles_own_nor_facts_nor_the_switc
         "rollout_serial": [1, "100%"],
         "sglang_server_serial": 8,
         "model_weights_revision": "{{ lab_revision }}",
+        "molecule_file": "/tmp/molecule/e2e/molecule.yml",
     }
 
     def template(value):
