@@ -3,10 +3,14 @@ the module builds of earlier runs while no module or module_utils file changed, 
 
 from __future__ import annotations
 
+import base64
+import io
 import os
+import pickle
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 from ansible_collections.gpufleet.fleet.plugins.callback import ansiballz_cache as cache
@@ -52,6 +56,37 @@ def test_a_second_run_reuses_the_first_runs_builds(tmp_path):
     second = run(tmp_path, store)
     assert "ansiballz_cache: 2 builds reused, 0 kept" in second.stdout
     assert "built" in second.stdout  # the reused command module ran
+
+
+def test_a_kept_build_carries_the_bytecode_that_the_host_imports_instead_of_compiling(tmp_path):
+    store = tmp_path / "store"
+    run(tmp_path, store)
+    [digest] = list(store.iterdir())
+    build = digest / "ansible_collections.gpufleet.fleet.plugins.modules.file_checksums-ZIP_DEFLATED-none"
+    with build.open("rb") as handle:
+        cached = pickle.load(handle)
+    payload = zipfile.ZipFile(io.BytesIO(base64.b64decode(cached.zip_data)))
+    sources = {n for n in payload.namelist() if n.endswith(".py")}
+    assert "ansible/module_utils/basic.py" in sources
+    assert {n for n in payload.namelist() if n.endswith(".pyc")} == {n + "c" for n in sources}
+    # the module runs from the kept build (the second run) and what Python imports is the bytecode
+    assert "built" in run(tmp_path, store).stdout
+    payload_zip = tmp_path / "payload.zip"
+    payload_zip.write_bytes(base64.b64decode(cached.zip_data))
+    imported = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(payload_zip)!r}); "
+         "import ansible.module_utils.basic as b; print(b.__file__)"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert imported.stdout.strip() == f"{payload_zip}/ansible/module_utils/basic.pyc"
+
+
+def test_a_build_it_cannot_read_is_kept_as_it_is(tmp_path):
+    build = tmp_path / "ansible.modules.command-ZIP_DEFLATED-none"
+    build.write_bytes(b"not a pickle")
+    assert not cache.keep_with_bytecode(str(build), str(tmp_path / "target"))
+    assert cache.keep(str(tmp_path), str(tmp_path / "store"), set()) == [build.name]
+    assert (tmp_path / "store" / build.name).read_bytes() == b"not a pickle"
 
 
 def test_a_changed_module_utils_file_starts_a_new_set(tmp_path):
