@@ -75,21 +75,54 @@ def controller_cpu() -> tuple[float, float] | None:
     return None
 
 
-def lab_host_cpu() -> dict[str, float]:
-    """CPU seconds of each host of the bench lab, from its cgroup (the lab tool's gpufleet-lab/<lab>/<host>)."""
+# The engine's unit inside a lab host (its systemd gets the cgroup subtree <host>/payload: lab/gpufleet_lab/cgroups.py)
+ENGINE_CGROUP = "payload/system.slice/sglang-server.service"
+
+
+def cgroup_usage_s(cpu_stat: Path) -> float | None:
+    """usage_usec of a cgroup v2 cpu.stat, in seconds; None when the cgroup does not exist (a unit not running)."""
+    try:
+        text = cpu_stat.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("usage_usec "):
+            return int(line.split()[1]) / 1e6
+    return None
+
+
+def lab_host_cpu() -> dict[str, tuple[float, float | None]]:
+    """Per host of the bench lab, (CPU seconds of the host, of its engine unit) from their cgroups (the lab tool's
+    gpufleet-lab/<lab>/<host>, and sglang-server.service in it; None while the unit has no cgroup)."""
     out = {}
     for stat in Path(f"/sys/fs/cgroup/unified/gpufleet-lab/{LAB}").glob("*/cpu.stat"):
-        for line in stat.read_text().splitlines():
-            if line.startswith("usage_usec "):
-                out[stat.parent.name] = int(line.split()[1]) / 1e6
+        total = cgroup_usage_s(stat)
+        if total is not None:
+            out[stat.parent.name] = (total, cgroup_usage_s(stat.parent / ENGINE_CGROUP / "cpu.stat"))
     return out
+
+
+def counter_increase(values: list[float | None]) -> float:
+    """How much a CPU counter grew over consecutive samples when its cgroup can go away and come back: a restarted
+    unit's new cgroup counts from 0 again. None is a sample without the cgroup; the first sample is the baseline
+    (None there: the cgroup was made inside the window, all of its count is new). A cgroup removed and made again
+    between two samples is seen by its count going down; the last 0.2 s of a stopped unit are not seen."""
+    total, previous = 0.0, (values[0] if values and values[0] is not None else 0.0)
+    for value in values[1:]:
+        if value is None:
+            previous = 0.0
+            continue
+        total += value - previous if value >= previous else value
+        previous = value
+    return total
 
 
 class CpuSampler(threading.Thread):
     """Samples (time, controller main CPU, controller CPU, each lab host's CPU) every 0.2 s while a playbook runs, so
     each batch's window of a rollout can be charged: the controller's serial main process, the controller with its
-    workers, the gateway host and the server hosts (on real VMs each server host has its own CPUs; here all of
-    them share this machine's cores, which is why the server hosts' CPU is reported apart)."""
+    workers, the gateway host and the server hosts, split into their engines and the rest (on real VMs each server
+    host has its own CPUs; here all of them share this machine's cores, which is why the server hosts' CPU is
+    reported apart, and the engines' apart from what the rollout itself runs on the hosts)."""
 
     def __init__(self):
         super().__init__(daemon=True)
@@ -108,13 +141,17 @@ class CpuSampler(threading.Thread):
         if len(inside) < 2:
             return {}
         (_, m0, a0, h0), (_, m1, a1, h1) = inside[0], inside[-1]
-        hosts = {h: h1[h] - h0.get(h, h1[h]) for h in h1}
+        hosts = {h: h1[h][0] - h0.get(h, h1[h])[0] for h in h1}
         gateway = sum(v for h, v in hosts.items() if "-router-" in h)
+        servers = [h for h in h1 if "-router-" not in h]
+        engines = sum(counter_increase([s[3].get(h, (0.0, None))[1] for s in inside]) for h in servers)
         return {
             "controller_main_s": round(m1 - m0, 2),
             "controller_s": round(a1 - a0, 2),
             "gateway_s": round(gateway, 2),
             "server_hosts_s": round(sum(hosts.values()) - gateway, 2),
+            "server_engines_s": round(engines, 2),
+            "server_hosts_without_engines_s": round(sum(hosts.values()) - gateway - engines, 2),
             "sampled_s": round(inside[-1][0] - inside[0][0], 2),
         }
 

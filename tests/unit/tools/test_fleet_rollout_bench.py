@@ -1,0 +1,54 @@
+"""The fleet benchmark's CPU accounting (benchmarks/suite/fleet_rollout.py): each rollout batch's window is charged
+to the controller, the gateway host, and the server hosts split into their engines and the rest, from cgroup
+counters sampled every 0.2 s, where an engine's cgroup goes away and comes back with every restart."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+spec = importlib.util.spec_from_file_location("fleet_rollout", REPO / "benchmarks/suite/fleet_rollout.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def test_a_counter_that_only_grows_is_charged_its_growth():
+    assert bench.counter_increase([1.0, 1.5, 2.0]) == pytest.approx(1.0)
+
+
+def test_a_restarted_engine_is_charged_before_its_stop_and_from_zero_after_its_start():
+    # the old engine's cgroup at 3.0 s, then 3.5 s; stopped (no cgroup); the new one counts 0.2 s, then 0.9 s
+    assert bench.counter_increase([3.0, 3.5, None, 0.2, 0.9]) == pytest.approx(0.5 + 0.9)
+
+
+def test_an_engine_restarted_between_two_samples_is_seen_by_its_count_going_down():
+    assert bench.counter_increase([3.0, 3.5, 0.3, 0.8]) == pytest.approx(0.5 + 0.8)
+
+
+def test_an_engine_started_inside_the_window_is_charged_all_of_its_count():
+    assert bench.counter_increase([None, 0.4, 1.0]) == pytest.approx(1.0)
+    assert bench.counter_increase([None]) == 0.0
+
+
+def test_a_batch_window_splits_the_server_hosts_into_engines_and_the_rest():
+    sampler = bench.CpuSampler()
+    # (time, controller main, controller all, {host: (host cgroup, engine cgroup)})
+    sampler.samples = [
+        (10.0, 1.0, 2.0, {"lab-01": (5.0, 4.0), "lab-02": (6.0, 4.5), "lab-router-01": (1.0, None)}),
+        (10.2, 1.2, 2.5, {"lab-01": (5.5, None), "lab-02": (6.5, 4.9), "lab-router-01": (1.1, None)}),
+        (10.4, 1.3, 2.9, {"lab-01": (7.0, 1.2), "lab-02": (7.0, 5.2), "lab-router-01": (1.3, None)}),
+        (99.0, 9.0, 9.0, {"lab-01": (99.0, 99.0), "lab-02": (99.0, 99.0), "lab-router-01": (99.0, None)}),
+    ]
+    assert sampler.window(10.0, 10.5) == {
+        "controller_main_s": 0.3,
+        "controller_s": 0.9,
+        "gateway_s": 0.3,
+        "server_hosts_s": 3.0,
+        # lab-01: its engine stopped (no cgroup), then the new one counted 1.2 s; lab-02's grew 0.7 s
+        "server_engines_s": 1.9,
+        "server_hosts_without_engines_s": 1.1,
+        "sampled_s": 0.4,
+    }
