@@ -142,16 +142,16 @@ class CpuSampler(threading.Thread):
             return {}
         (_, m0, a0, h0), (_, m1, a1, h1) = inside[0], inside[-1]
         hosts = {h: h1[h][0] - h0.get(h, h1[h])[0] for h in h1}
-        gateway = sum(v for h, v in hosts.items() if "-router-" in h)
-        servers = [h for h in h1 if "-router-" not in h]
+        servers = [h for h in hosts if "-router-" not in h]
+        server_hosts = sum(hosts[h] for h in servers)
         engines = sum(counter_increase([s[3].get(h, (0.0, None))[1] for s in inside]) for h in servers)
         return {
             "controller_main_s": round(m1 - m0, 2),
             "controller_s": round(a1 - a0, 2),
-            "gateway_s": round(gateway, 2),
-            "server_hosts_s": round(sum(hosts.values()) - gateway, 2),
+            "gateway_s": round(sum(hosts.values()) - server_hosts, 2),
+            "server_hosts_s": round(server_hosts, 2),
             "server_engines_s": round(engines, 2),
-            "server_hosts_without_engines_s": round(sum(hosts.values()) - gateway - engines, 2),
+            "server_hosts_without_engines_s": round(server_hosts - engines, 2),
             "sampled_s": round(inside[-1][0] - inside[0][0], 2),
         }
 
