@@ -17,7 +17,8 @@ mirror, test hub, wheelhouses) as `make deploy` uses it. Steps:
    default budget of 50% refuses a last batch of 5 of 8 workers) on one server host, then on every one;
 4. a real rollout of a flag change (`chunked-prefill-size`) in batches of 1, 2 and the rest: per batch the
    rollout report's `batch_timings` (wall time from the batch's start to its gate, the slowest engine
-   start-to-ready of the batch, and the difference, the rollout's own overhead; goal: flat as hosts are added).
+   start-to-ready of the batch, and the difference, the rollout's overhead; and with the engine's stop counted as
+   engine time too, SGLang's drain of 0-5 s, the rollout's own overhead; goal: flat as hosts are added).
 
 Every figure is a wall time on this machine, recorded with the load average at the start; the ratios are
 measured in the same run. JSON in benchmarks/results/fleet_rollout.json.
@@ -286,6 +287,10 @@ def main(argv: list[str] | None = None) -> dict:
             out["rollout"]["overhead_per_added_host_s"] = round(
                 (last_batch["overhead_s"] - first_batch["overhead_s"]) / added, 2
             )
+            # the same with the engine's stop counted as engine time (SGLang's drain: 0-5 s, its 5 s watchdog)
+            out["rollout"]["own_overhead_per_added_host_s"] = round(
+                (last_batch["own_overhead_s"] - first_batch["own_overhead_s"]) / added, 2
+            )
             # and the CPU each added host costs, by where it is spent (the controller's main process is serial)
             first_cpu, last_cpu = first_batch.get("cpu_s") or {}, last_batch.get("cpu_s") or {}
             out["rollout"]["cpu_per_added_host_s"] = {
@@ -306,11 +311,15 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"rollout of a flag change in batches {sizes}: {out['rollout']['wall_s']} s")
     for t in out["rollout"]["batch_timings"]:
         print(f"  batch {t['batch']} ({len(t['hosts'])} hosts): wall {t['wall_s']} s = engine warm-up "
-              f"{t['engine_start_to_ready_s']} s + rollout overhead {t['overhead_s']} s")  # fmt: skip
+              f"{t['engine_start_to_ready_s']} s + rollout overhead {t['overhead_s']} s; engine stop + warm-up "
+              f"{t['engine_s']} s (slowest stop {t['engine_stop_s']} s) + the rollout's own "
+              f"{t['own_overhead_s']} s")  # fmt: skip
     for t in out["rollout"]["batch_timings"]:
         print(f"  batch {t['batch']} CPU in its window: {t.get('cpu_s')}")
     if "overhead_per_added_host_s" in out["rollout"]:
-        print(f"  overhead per host added to a batch: {out['rollout']['overhead_per_added_host_s']} s")
+        own = out["rollout"]["own_overhead_per_added_host_s"]
+        print(f"  overhead per host added to a batch: {out['rollout']['overhead_per_added_host_s']} s "
+              f"(the rollout's own, engine stops apart: {own} s)")  # fmt: skip
         print(f"  CPU per host added to a batch: {out['rollout'].get('cpu_per_added_host_s')}")
     print(f"saved {args.output}")
     return out

@@ -6,8 +6,10 @@ polls the job (first after 0.25 s, the wait doubling up to ``poll`` seconds) and
 seconds, prints one line per host read from the job's JSON progress file (``progress_file``) or from the tail of
 its log (``log_file``).
 A poll reads the job file with ``cat`` over the connection (no Python module on the host: the lab measured
-Ansible module runs over ssh as most of a run's CPU); once the file says the job ended, the result is taken
-with ansible-core's own async_status module, so the task returns exactly what async_status would.
+Ansible module runs over ssh as most of a run's CPU); once the file says the job ended, the result is that
+file's record read as ansible-core's async_status module reads it (``async_result``), so the task returns exactly
+what async_status would without another module run on the host; async_status itself runs only when the job
+file is missing (its message says why).
 Returns the job's own result, so the task fails with the module's message when the job failed; a job still
 running after ``timeout`` seconds fails with rc 124 and a message naming ``timeout_variable``.
 Documentation: plugins/modules/job_wait.py.
@@ -86,6 +88,19 @@ def job_file_ended(text: str) -> bool:
     return "started" not in data or bool(data.get("finished"))
 
 
+def async_result(text: str, jid: str) -> dict:
+    """The result ansible-core 2.19's async_status module prints for an ended job's file (modules/async_status.py,
+    status mode, which prints the record as it is): the job module's record, with ``finished`` and the job id
+    added when async_wrapper did not write the record itself (no ``started``)."""
+    data = json.loads(text)
+    if "started" not in data:
+        data["finished"] = True
+        data["ansible_job_id"] = jid
+    elif "finished" not in data:
+        data["finished"] = False
+    return data
+
+
 def log_line(what: str, host: str, label: str, elapsed_s: float, tail: str) -> str:
     """``ml_env [h1] uv pip sync: running 1m05s: <last line of the log>``."""
     last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "(no output yet)")
@@ -110,9 +125,13 @@ class ActionModule(ActionBase):
         res = self._low_level_execute_command(" ".join(shlex.quote(a) for a in argv), sudoable=True)
         return res.get("stdout", "") if res.get("rc") == 0 else None
 
-    def _ended(self, job_file: str) -> bool:
+    def _poll(self, jid: str, async_dir: str, job_file: str, task_vars: dict) -> dict:
+        """{} while the job runs; once it ended, what async_status returns for it (read from the `cat` of its
+        file; async_status runs only when there is no job file, to say why)."""
         text = self._read(["cat", "--", job_file])
-        return text is None or job_file_ended(text)  # no job file: async_status says why
+        if text is None:
+            return self._status(jid, async_dir, task_vars)
+        return async_result(text, jid) if job_file_ended(text) else {}
 
     def _progress(self, path: str) -> dict | None:
         text = self._read(["cat", "--", path])
@@ -151,7 +170,7 @@ class ActionModule(ActionBase):
         last = None
         checks = 0
         while True:
-            status = self._status(args["jid"], async_dir, task_vars) if self._ended(job_file) else {}
+            status = self._poll(args["jid"], async_dir, job_file, task_vars)
             if status.get("finished") or (status.get("failed") and not status.get("started")):
                 break
             now = time.monotonic()

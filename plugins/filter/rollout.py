@@ -46,6 +46,15 @@ def rollout_hostvar(hosts: list, hostvars, name: str, default=None) -> dict:
     return {h: hostvars[h].get(name, default) if h in hostvars else default for h in hosts}
 
 
+def rollout_engine_time(timings: dict) -> float:
+    """The engine's own time on a host's restart path, from its deploy report's ``timings``: the stop (``systemctl
+    stop``: SGLang drains on SIGTERM, and 0.5.9's sigterm_watchdog looks every 5 s, so even an idle engine takes
+    0-5 s) plus the start to ready (weights, KV cache, CUDA graphs). 0 for a host that did not restart."""
+    timings = timings or {}
+    stop, warm_up = timings.get("deploy_stop_s"), timings.get("deploy_engine_start_to_ready_s")
+    return round(float(stop or 0) + float(warm_up or 0), 3)
+
+
 def rollout_setting_differences(hosts: list, hostvars, names: list) -> list[str]:
     """The rollout settings (``names``) whose value is not the same on every host of the run, one sentence each: a
     rollout is one run (its batches, budget, locks, drain and report are the run's), so its settings are read once,
@@ -171,6 +180,7 @@ class FilterModule:
             "rollout_capacity_problems": rollout_capacity_problems,
             "rollout_worker_models": rollout_worker_models,
             "rollout_hostvar": rollout_hostvar,
+            "rollout_engine_time": rollout_engine_time,
             "rollout_decisions": rollout_decisions,
             "rollout_multinode_problems": rollout_multinode_problems,
             "rollout_setting_differences": rollout_setting_differences,

@@ -7,6 +7,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import http
@@ -20,6 +21,13 @@ description:
   - C(POST /workers) answers 202 and registers the worker in the background only once the worker answers;
     C(DELETE) is asynchronous too. The module waits (bounded by I(wait_timeout)) until the router's list
     shows the wanted state, so a worker added here is healthy in the router when the module returns.
+  - A removed worker counts as out once the router lists it with status C(draining). smg 1.13.0 moves it there
+    at the C(DELETE) and its policies select it no more; it drops from the list after the router's settle
+    window (C(--drain-settle-secs), 5 s, a fixed sleep that does not look at the worker's requests; smg
+    C(workflow/steps/local/drain_workers.rs)). A worker asked to be present while still listed as C(draining)
+    is posted only once the router has dropped it.
+  - The workers' C(/health) and C(/v1/loads) are read concurrently (SGLang's C(/health) runs a one-token
+    generation and answers after at least a second), so a batch of workers costs the time of one.
   - Run it on the gateway host (the router API is reached on I(api_url), usually 127.0.0.1).
 options:
   api_url: {type: str, default: "http://127.0.0.1:30000", description: Router base URL.}
@@ -28,9 +36,20 @@ options:
     type: str
     choices: [present, absent, query]
     default: query
-    description: present adds I(urls) and waits until healthy; absent removes them and waits until gone.
+    description: >-
+      present adds I(urls) and waits until healthy; absent removes them and waits until the router routes
+      nothing more to them (gone from its list, or listed as draining).
   urls: {type: list, elements: str, default: [], description: Worker URLs (http://host:port).}
   exclusive: {type: bool, default: false, description: With present, remove every other worker.}
+  runtime:
+    type: str
+    default: sglang
+    description:
+      - The worker's runtime, sent with each C(POST /workers) (smg 1.13.0's C(runtime), one of C(unspecified),
+        C(sglang), C(vllm), C(trtllm), C(mlx), C(tokenspeed), C(generic), C(external); another value is refused
+        with 400). A named runtime spares the router's classification probe of the worker (smg
+        C(workflow/steps/classify.rs)), a C(/health) that SGLang answers after at least a second; C(unspecified)
+        lets the router probe.
   wait_timeout: {type: int, default: 120, description: Seconds to wait for the router to show the state.}
   http_timeout: {type: int, default: 10, description: Seconds per API call.}
   drain_timeout:
@@ -38,9 +57,9 @@ options:
     default: 0
     description:
       - With absent, the drain of each removed worker in the same module run (the rollout used three tasks for
-        it). Its running requests are read (C(GET <url>/v1/loads)) just before the C(DELETE); once the router no
-        longer lists it, they are read every second until 0, until the worker stops answering, or for at most
-        this many seconds. 0 reads and waits for nothing.
+        it). Its running requests are read (C(GET <url>/v1/loads)) just before the C(DELETE); once the router
+        routes nothing more to it (gone or draining), they are read every second until 0, until the worker stops
+        answering, or for at most this many seconds. 0 reads and waits for nothing.
   health_timeout:
     type: int
     default: 0
@@ -105,6 +124,7 @@ RETURN = r"""
 workers: {type: list, description: The router's workers at the end (id, url, model_id, is_healthy, status).}
 added: {type: list, description: URLs added.}
 removed: {type: list, description: URLs removed (with their worker id).}
+draining: {type: list, description: With absent, the removed URLs the router still lists as draining at the end.}
 in_router: {type: bool, description: With present, every URL is healthy in the router (false when the module failed).}
 in_router_urls: {type: list, description: With present, the URLs asked for that are healthy in the router at the end.}
 left_out:
@@ -116,6 +136,11 @@ drain:
     - With absent and drain_timeout, per URL removed - in_flight_at_removal (running requests just before the
       DELETE, null when unreadable), waited_s, in_flight_left (null when the worker stopped answering), timed_out.
 """
+
+
+# The status smg 1.13.0 lists a worker with from its DELETE until its removal (openai_protocol WorkerStatus::Draining,
+# serialized lowercase; seen in the lab's GET /workers right after a DELETE).
+DRAINING = "draining"
 
 
 def norm(url: str) -> str:
@@ -163,6 +188,15 @@ def http_get(url: str, timeout: float) -> tuple[int, dict | None]:
         return status, None
 
 
+def get_each(urls: list[str], path: str, timeout: float) -> dict[str, tuple[int, dict | None]]:
+    """http_get of <url><path> for every URL at once (status, body by URL): a slow answer (SGLang's /health is a
+    one-token generation, at least a second) costs the batch the time of one, not one per worker."""
+    if not urls:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(32, len(urls))) as pool:
+        return dict(zip(urls, pool.map(lambda url: http_get(f"{url}{path}", timeout), urls), strict=True))
+
+
 def running_requests(body: dict | None) -> int | None:
     """A worker's requests (running and waiting) from its GET /v1/loads answer (SGLang 0.5.9
     entrypoints/v1_loads.py: aggregate.total_reqs, else the sum of each DP rank's num_total_reqs or
@@ -184,10 +218,9 @@ def drain_all(at_removal: dict, timeout_s: int, http_timeout: int, sleep=time.sl
     started = time.monotonic()
     state = {url: {"left": n, "answered": True, "done": False, "waited_s": 0.0} for url, n in at_removal.items()}
     for attempt in range(timeout_s + 1):
-        for url, st in state.items():
-            if st["done"]:
-                continue
-            status, body = http_get(f"{url}/v1/loads", http_timeout)
+        answers = get_each([url for url, st in state.items() if not st["done"]], "/v1/loads", http_timeout)
+        for url, (status, body) in answers.items():
+            st = state[url]
             st["answered"] = status == 200
             st["left"] = running_requests(body) if st["answered"] else None
             if not st["answered"] or st["left"] == 0 or attempt == timeout_s:
@@ -219,6 +252,7 @@ def main() -> None:
             "state": {"type": "str", "choices": ["present", "absent", "query"], "default": "query"},
             "urls": {"type": "list", "elements": "str", "default": []},
             "exclusive": {"type": "bool", "default": False},
+            "runtime": {"type": "str", "default": "sglang"},
             "wait_timeout": {"type": "int", "default": 120},
             "http_timeout": {"type": "int", "default": 10},
             "drain_timeout": {"type": "int", "default": 0},
@@ -237,8 +271,7 @@ def main() -> None:
     by_url = {norm(w["url"]): w for w in current}
     left_out = {}
     if p["state"] == "present" and p["health_timeout"] > 0 and not module.check_mode:
-        for url in wanted:
-            status, _ = http_get(f"{url}/health", p["health_timeout"])
+        for url, (status, _) in get_each(wanted, "/health", p["health_timeout"]).items():
             if status == 200:
                 continue
             if not p["leave_out_unhealthy"]:
@@ -249,6 +282,13 @@ def main() -> None:
                 )  # fmt: skip
             left_out[url] = status
         wanted = [u for u in wanted if u not in left_out]
+    deadline = time.monotonic() + p["wait_timeout"]
+    if p["state"] == "present" and not module.check_mode:
+        # a worker still draining after an earlier DELETE goes first (the router drops it after its settle window)
+        while any(by_url.get(u, {}).get("status") == DRAINING for u in wanted) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            current = router.workers()
+            by_url = {norm(w["url"]): w for w in current}
     added, removed = [], []
     if p["state"] == "present":
         added = [u for u in wanted if u not in by_url]
@@ -263,11 +303,10 @@ def main() -> None:
     # with absent and drain_timeout, every URL asked for is drained (also one the router did not list)
     at_removal = {}
     if p["state"] == "absent" and p["drain_timeout"] > 0:
-        for url in wanted:
-            status, body = http_get(f"{url}/v1/loads", p["http_timeout"])
+        for url, (status, body) in get_each(wanted, "/v1/loads", p["http_timeout"]).items():
             at_removal[url] = running_requests(body) if status == 200 else None
     for url in added:
-        status, body = router.call("POST", "/workers", {"url": url})
+        status, body = router.call("POST", "/workers", {"url": url, "runtime": p["runtime"]})
         if status not in (200, 201, 202):
             module.fail_json(msg=f"POST /workers {url} answered {status}: {body}", workers=current)
     for item in removed:
@@ -277,12 +316,12 @@ def main() -> None:
 
     gone = {i["url"] for i in removed}
     need_healthy = set(wanted) if p["state"] == "present" else set()
-    deadline = time.monotonic() + p["wait_timeout"]
     while True:
         workers = router.workers()
         urls = {norm(w["url"]): w for w in workers}
         missing = sorted(u for u in need_healthy if not (u in urls and urls[u].get("is_healthy")))
-        lingering = sorted(u for u in gone if u in urls)
+        # draining: the router's policies select it no more (it leaves the list after the settle window)
+        lingering = sorted(u for u in gone if u in urls and urls[u].get("status") != DRAINING)
         if not missing and not lingering:
             break
         if time.monotonic() > deadline:
@@ -296,7 +335,7 @@ def main() -> None:
                         if missing
                         else ""
                     )
-                    + (f"still listed after DELETE: {', '.join(lingering)}" if lingering else "")
+                    + (f"still listed and not draining after DELETE: {', '.join(lingering)}" if lingering else "")
                 ),
                 workers=workers,
                 added=added,
@@ -308,6 +347,7 @@ def main() -> None:
     module.exit_json(
         changed=changed, workers=workers, added=added, removed=removed, drain=drained, left_out=left_out,
         in_router=p["state"] == "present" and not left_out, in_router_urls=healthy,
+        draining=sorted(u for u in gone if u in urls),
     )  # fmt: skip
 
 

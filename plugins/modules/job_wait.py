@@ -12,7 +12,8 @@ description:
     seconds, prints a line per host, read from the job's JSON progress file (O(progress_file)) or from the
     last line of its log (O(log_file)).
   - A poll is a C(cat) of the job file over the connection, not a module run (no Python started on the host);
-    once the file says the job ended, its result is read with ansible-core's async_status module.
+    once the file says the job ended, its result is that file's record as ansible-core's async_status module
+    reads it (async_status runs on the host only when the job file is missing).
   - A progress record with C(phase=download) and bytes prints bytes done and total, rate and ETA; any other
     record prints its C(phase) and C(message).
   - Returns the job's result (the module's return values, or C(rc) and output of a command), and fails with

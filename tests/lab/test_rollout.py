@@ -258,6 +258,9 @@ def test_rollout_under_load_has_zero_failed_requests_and_a_second_rollout_is_ref
     for t in timings:
         assert 0 < t["engine_start_to_ready_s"] < t["wall_s"], t
         assert t["overhead_s"] == pytest.approx(t["wall_s"] - t["engine_start_to_ready_s"], abs=0.01), t
+        # the engine's own time: its stop (SGLang's drain, seconds with these long requests) and its warm-up
+        assert t["engine_stop_s"] > 0 and t["engine_start_to_ready_s"] < t["engine_s"] < t["wall_s"], t
+        assert t["own_overhead_s"] == pytest.approx(t["wall_s"] - t["engine_s"], abs=0.01), t
     # Long requests were in flight at each worker's removal from the router (and none failed).
     assert all(report["drain"][h]["in_flight_at_removal"] >= 1 for h in SERVERS), report["drain"]
     for h in SERVERS:

@@ -235,3 +235,15 @@ def test_free_checks_without_writing(lock, tmp_path):
     result, failed = lock({"path": str(path), "state": "free", "run_id": "b"})
     assert failed and "held by run a (user=alice)" in result["msg"]
     assert json.loads(path.read_text())["run_id"] == "a"
+
+
+def test_a_batchs_engine_time_is_its_stop_and_its_start_to_ready():
+    """The rollout report splits the engine's own time from the rollout's: SGLang's stop (its drain, looked at every
+    5 s by 0.5.9's sigterm_watchdog) and its start to ready. Timings of a lab host's deploy report in a rollout batch
+    (2026-12-04, d1b23e9); a host that did not restart has none."""
+    timings = {"deploy_down_to_healthy_s": 14.992, "deploy_engine_start_to_ready_s": 6.11,
+               "deploy_release_wait_s": 0.228, "deploy_smoke_s": 1.504, "deploy_start_to_ready_s": 6.11,
+               "deploy_stop_s": 4.665, "total_s": 21.994, "validate_s": 1.932}  # fmt: skip
+    assert rollout.rollout_engine_time(timings) == 10.775
+    assert rollout.rollout_engine_time({"validate_s": 1.9, "total_s": 3.0}) == 0
+    assert rollout.rollout_engine_time(None) == 0

@@ -87,7 +87,8 @@ def test_a_worker_whose_health_is_not_200_is_never_added(worker, capsys):
     """The module fails before any POST (the endpoint stands in for the router too: it lists no worker and
     answers no POST, so a POST would fail with another message)."""
     worker["health"] = 503
-    args = {"api_url": worker["url"], "api_key": "k", "state": "present", "urls": [worker["url"]], "health_timeout": 5}
+    args = {"api_url": worker["url"], "api_key": "k", "state": "present", "urls": [worker["url"]], "health_timeout": 5,
+            "wait_timeout": 10}  # fmt: skip
     result, failed = run_module("ansible_collections.gpufleet.fleet.plugins.modules.fleet_router_workers", args, capsys)
     assert failed and result["in_router"] is False
     assert f"not added to the router: {worker['url']}/health answered 503" in result["msg"]
@@ -97,8 +98,10 @@ def test_a_worker_whose_health_is_not_200_is_never_added(worker, capsys):
 @pytest.fixture
 def router():
     """A loopback stand-in for smg's worker API (GET/POST /workers, DELETE /workers/<id>): a POSTed worker is listed
-    healthy at once, a deleted one is gone at once (the real router takes seconds; the module waits for the list)."""
-    state = {"workers": {}, "calls": []}
+    healthy at once; a deleted one is listed as draining (not healthy) for the next state["settle_gets"] GETs, then
+    gone, as smg 1.13.0 lists it through its settle window (the real router takes seconds; the module waits for the
+    list)."""
+    state = {"workers": {}, "calls": [], "settle_gets": 0, "draining": {}, "posted": []}
 
     class Handler(BaseHTTPRequestHandler):
         def answer(self, status, body=None):
@@ -111,17 +114,27 @@ def router():
         def do_GET(self):  # noqa: N802 (http.server's names)
             state["calls"].append(("GET", self.path))
             workers = [{"id": i, "url": u, "is_healthy": True, "status": "ready"} for i, u in state["workers"].items()]
+            for worker_id, (url, left) in list(state["draining"].items()):
+                workers.append({"id": worker_id, "url": url, "is_healthy": False, "status": "draining"})
+                state["draining"][worker_id] = (url, left - 1)
+                if left <= 1:
+                    del state["draining"][worker_id]
             self.answer(200, {"workers": workers})
 
         def do_POST(self):  # noqa: N802
-            url = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["url"]
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            url = body["url"]
             state["calls"].append(("POST", url))
+            state["posted"].append(body)
             state["workers"][f"id-{len(state['calls'])}"] = url
             self.answer(202)
 
         def do_DELETE(self):  # noqa: N802
             worker_id = self.path.rsplit("/", 1)[1]
-            state["calls"].append(("DELETE", state["workers"].pop(worker_id, worker_id)))
+            url = state["workers"].pop(worker_id, worker_id)
+            state["calls"].append(("DELETE", url))
+            if state["settle_gets"] and url != worker_id:
+                state["draining"][worker_id] = (url, state["settle_gets"])
             self.answer(202)
 
         def log_message(self, *args):
@@ -144,6 +157,8 @@ def test_a_batch_is_added_back_in_one_run_leaving_out_the_unhealthy_worker(route
     assert result["in_router_urls"] == [worker["url"]] and result["left_out"] == {down: 0}
     assert result["in_router"] is False  # not every URL asked for is in the router
     assert [c for c in router["calls"] if c[0] == "POST"] == [("POST", worker["url"])]
+    # the runtime is named: smg 1.13.0 then skips its classification probe (a /health, a second with SGLang)
+    assert router["posted"] == [{"url": worker["url"], "runtime": "sglang"}]
 
 
 def test_without_leave_out_one_unhealthy_worker_fails_the_run_and_adds_none(router, worker, capsys):
@@ -176,3 +191,69 @@ def test_drain_all_reads_every_worker_in_each_round(worker):
     result = frw.drain_all({worker["url"]: 1, "http://127.0.0.1:9": 0}, 10, 2, sleep=slept.append)
     assert result[worker["url"]]["in_flight_left"] == 0 and slept == [1, 1]
     assert result["http://127.0.0.1:9"]["in_flight_left"] is None
+
+
+def test_a_removed_worker_listed_as_draining_is_out_and_its_drain_starts_at_once(router, worker, capsys):
+    """smg 1.13.0 lists a deleted worker as draining (its policies select it no more) for its settle window of 5 s:
+    the removal does not wait for the worker to leave the list before the drain of the worker's own requests."""
+    router["settle_gets"] = 100  # longer than the run: the worker stays listed as draining
+    router["workers"]["a"] = worker["url"]
+    args = {"api_url": router["url"], "api_key": "k", "state": "absent", "urls": [worker["url"]], "drain_timeout": 5,
+            "wait_timeout": 3}  # fmt: skip
+    result, failed = run_module(MODULE, args, capsys)
+    assert not failed, result
+    assert result["draining"] == [worker["url"]]
+    assert result["drain"][worker["url"]]["in_flight_left"] == 0
+    assert router["draining"]  # the router still lists it
+
+
+def test_a_worker_still_draining_is_added_back_only_after_the_router_dropped_it(router, worker, capsys):
+    """A POST for a URL the router still lists as draining would race its removal: the module waits until it is gone
+    (three more GETs here), then posts it and waits until it is healthy."""
+    router["settle_gets"] = 3
+    router["workers"]["a"] = worker["url"]
+    out, failed = run_module(MODULE, {"api_url": router["url"], "api_key": "k", "state": "absent",
+                                      "urls": [worker["url"]]}, capsys)  # fmt: skip
+    assert not failed and out["draining"] == [worker["url"]]
+    router["calls"].clear()
+    args = {"api_url": router["url"], "api_key": "k", "state": "present", "urls": [worker["url"]], "health_timeout": 5,
+            "wait_timeout": 10}  # fmt: skip
+    result, failed = run_module(MODULE, args, capsys)
+    assert not failed, result
+    assert result["added"] == [worker["url"]] and result["in_router_urls"] == [worker["url"]]
+    post = router["calls"].index(("POST", worker["url"]))
+    assert router["calls"][:post] == [("GET", "/workers")] * 3  # listed as draining twice, then gone: then the POST
+
+
+def test_the_workers_health_is_checked_concurrently(router, capsys):
+    """SGLang's /health answers after a one-token generation (at least a second): a batch's workers are checked at
+    once. Each stand-in worker answers 200 only once all three checks are in flight together (else 503 after 5 s),
+    so checks made one after another leave every worker out."""
+    barrier = threading.Barrier(3, timeout=5)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            try:
+                barrier.wait()
+                status = 200
+            except threading.BrokenBarrierError:
+                status = 503
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), Handler) for _ in range(3)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    urls = [f"http://127.0.0.1:{server.server_address[1]}" for server in servers]
+    try:
+        args = {"api_url": router["url"], "api_key": "k", "state": "present", "urls": urls, "health_timeout": 10,
+                "leave_out_unhealthy": True}  # fmt: skip
+        result, failed = run_module(MODULE, args, capsys)
+    finally:
+        for server in servers:
+            server.shutdown()
+    assert not failed, result
+    assert result["left_out"] == {} and sorted(result["in_router_urls"]) == sorted(urls)

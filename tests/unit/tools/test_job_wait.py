@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ansible_collections.gpufleet.fleet.plugins.action import job_wait
+from module_runner import run_module  # tests/support
 
 
 def test_a_phase_record_prints_the_phase_and_its_message():
@@ -54,3 +55,18 @@ def test_a_short_job_is_seen_soon_and_a_long_one_is_checked_every_poll():
     assert sum(delays[:2]) == 0.75
     assert [job_wait.poll_delay(n, 0.1) for n in range(3)] == [0.1, 0.1, 0.1]
     assert job_wait.poll_delay(10_000, 2.0) == 2.0
+
+
+def test_an_ended_job_reads_as_ansible_cores_async_status_module_returns_it(tmp_path, capsys):
+    """The ended job's result is taken from the `cat` of its file, without another module run on the host: it must
+    be what ansible-core's own async_status module prints for the same file (run here in-process on ansible-core
+    2.19's captured job files), for a finished, a failed and a still-running job."""
+    for name in ("finished-ok.json", "finished-failed.json", "running.json"):
+        jid = f"j{len(name)}.{name[:4]}"
+        (tmp_path / jid).write_text((FIXTURES / name).read_text())
+        real, _failed = run_module(
+            "ansible.modules.async_status", {"jid": jid, "mode": "status", "_async_dir": str(tmp_path)}, capsys
+        )
+        ours = job_wait.async_result((FIXTURES / name).read_text(), jid)
+        assert ours == real, name
+        assert job_wait.job_file_ended((FIXTURES / name).read_text()) is (ours["finished"] in (True, 1))
