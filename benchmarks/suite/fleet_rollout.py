@@ -76,6 +76,16 @@ def controller_cpu() -> tuple[float, float] | None:
     return None
 
 
+def machine_busy_s(stat: str | None = None) -> float:
+    """CPU seconds this whole machine has been busy since boot, every core and process (/proc/stat's first line:
+    user, nice, system, irq, softirq, steal; guest time is inside user): what the sampled cgroups do not see (the ssh
+    control masters, the kernel's network work for the lab's hosts) is in it."""
+    text = stat if stat is not None else Path("/proc/stat").read_text()
+    fields = [int(x) for x in text.split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
 # The engine's unit inside a lab host (its systemd gets the cgroup subtree <host>/payload: lab/gpufleet_lab/cgroups.py)
 ENGINE_CGROUP = "payload/system.slice/sglang-server.service"
 
@@ -119,7 +129,8 @@ def counter_increase(values: list[float | None]) -> float:
 
 
 class CpuSampler(threading.Thread):
-    """Samples (time, controller main CPU, controller CPU, each lab host's CPU) every 0.2 s while a playbook runs, so
+    """Samples (time, controller main CPU, controller CPU, each lab host's CPU, the machine's busy CPU) every 0.2 s
+    while a playbook runs, so
     each batch's window of a rollout can be charged: the controller's serial main process, the controller with its
     workers, the gateway host and the server hosts, split into their engines and the rest (on real VMs each server
     host has its own CPUs; here all of them share this machine's cores, which is why the server hosts' CPU is
@@ -127,21 +138,21 @@ class CpuSampler(threading.Thread):
 
     def __init__(self):
         super().__init__(daemon=True)
-        self.samples: list[tuple[float, float, float, dict]] = []
+        self.samples: list[tuple[float, float, float, dict, float]] = []
         self.stop = threading.Event()
 
     def run(self):
         while not self.stop.wait(0.2):
             cpu = controller_cpu()
             if cpu is not None:
-                self.samples.append((time.time(), cpu[0], cpu[1], lab_host_cpu()))
+                self.samples.append((time.time(), cpu[0], cpu[1], lab_host_cpu(), machine_busy_s()))
 
     def window(self, start: float, end: float) -> dict:
         """CPU seconds spent between two wall-clock times (the samples nearest inside them)."""
         inside = [s for s in self.samples if start <= s[0] <= end]
         if len(inside) < 2:
             return {}
-        (_, m0, a0, h0), (_, m1, a1, h1) = inside[0], inside[-1]
+        (t0, m0, a0, h0, b0), (t1, m1, a1, h1, b1) = inside[0], inside[-1]
         hosts = {h: h1[h][0] - h0.get(h, h1[h])[0] for h in h1}
         servers = [h for h in hosts if "-router-" not in h]
         server_hosts = sum(hosts[h] for h in servers)
@@ -153,7 +164,10 @@ class CpuSampler(threading.Thread):
             "server_hosts_s": round(server_hosts, 2),
             "server_engines_s": round(engines, 2),
             "server_hosts_without_engines_s": round(server_hosts - engines, 2),
-            "sampled_s": round(inside[-1][0] - inside[0][0], 2),
+            "sampled_s": round(t1 - t0, 2),
+            # the whole machine: busy CPU seconds in the window, and how many of its cores that is on average
+            "machine_busy_s": round(b1 - b0, 2),
+            "machine_cores_busy": round((b1 - b0) / (t1 - t0), 2) if t1 > t0 else 0.0,
         }
 
 
@@ -296,7 +310,7 @@ def main(argv: list[str] | None = None) -> dict:
             out["rollout"]["cpu_per_added_host_s"] = {
                 k: round((last_cpu[k] - first_cpu[k]) / added, 2)
                 for k in last_cpu
-                if k in first_cpu and k != "sampled_s"
+                if k in first_cpu and k not in ("sampled_s", "machine_cores_busy")
             }
     finally:
         if not args.keep_lab:

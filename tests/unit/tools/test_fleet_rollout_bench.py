@@ -36,11 +36,12 @@ def test_an_engine_started_inside_the_window_is_charged_all_of_its_count():
 def test_a_batch_window_splits_the_server_hosts_into_engines_and_the_rest():
     sampler = bench.CpuSampler()
     # (time, controller main, controller all, {host: (host cgroup, engine cgroup)})
+    # (..., the machine's busy CPU seconds)
     sampler.samples = [
-        (10.0, 1.0, 2.0, {"lab-01": (5.0, 4.0), "lab-02": (6.0, 4.5), "lab-router-01": (1.0, None)}),
-        (10.2, 1.2, 2.5, {"lab-01": (5.5, None), "lab-02": (6.5, 4.9), "lab-router-01": (1.1, None)}),
-        (10.4, 1.3, 2.9, {"lab-01": (7.0, 1.2), "lab-02": (7.0, 5.2), "lab-router-01": (1.3, None)}),
-        (99.0, 9.0, 9.0, {"lab-01": (99.0, 99.0), "lab-02": (99.0, 99.0), "lab-router-01": (99.0, None)}),
+        (10.0, 1.0, 2.0, {"lab-01": (5.0, 4.0), "lab-02": (6.0, 4.5), "lab-router-01": (1.0, None)}, 100.0),
+        (10.2, 1.2, 2.5, {"lab-01": (5.5, None), "lab-02": (6.5, 4.9), "lab-router-01": (1.1, None)}, 100.3),
+        (10.4, 1.3, 2.9, {"lab-01": (7.0, 1.2), "lab-02": (7.0, 5.2), "lab-router-01": (1.3, None)}, 100.6),
+        (99.0, 9.0, 9.0, {"lab-01": (99.0, 99.0), "lab-02": (99.0, 99.0), "lab-router-01": (99.0, None)}, 999.0),
     ]
     assert sampler.window(10.0, 10.5) == {
         "controller_main_s": 0.3,
@@ -51,4 +52,14 @@ def test_a_batch_window_splits_the_server_hosts_into_engines_and_the_rest():
         "server_engines_s": 1.9,
         "server_hosts_without_engines_s": 1.1,
         "sampled_s": 0.4,
+        # 0.6 busy CPU seconds in 0.4 s: one and a half cores on average
+        "machine_busy_s": 0.6,
+        "machine_cores_busy": 1.5,
     }
+
+
+def test_the_machines_busy_time_counts_every_state_but_idle_and_iowait():
+    # /proc/stat: cpu user nice system idle iowait irq softirq steal guest guest_nice (USER_HZ ticks)
+    ticks = bench.CLK_TCK
+    stat = f"cpu  {3 * ticks} {ticks} {2 * ticks} {50 * ticks} {7 * ticks} 0 {ticks} 0 {ticks} 0\ncpu0 1 2 3\n"
+    assert bench.machine_busy_s(stat) == pytest.approx(3 + 1 + 2 + 1)
