@@ -130,11 +130,10 @@ def counter_increase(values: list[float | None]) -> float:
 
 class CpuSampler(threading.Thread):
     """Samples (time, controller main CPU, controller CPU, each lab host's CPU, the machine's busy CPU) every 0.2 s
-    while a playbook runs, so
-    each batch's window of a rollout can be charged: the controller's serial main process, the controller with its
-    workers, the gateway host and the server hosts, split into their engines and the rest (on real VMs each server
-    host has its own CPUs; here all of them share this machine's cores, which is why the server hosts' CPU is
-    reported apart, and the engines' apart from what the rollout itself runs on the hosts)."""
+    while a playbook runs, so each batch's window of a rollout can be charged: the controller's serial main process,
+    the controller with its workers, the gateway host and the server hosts, split into their engines and the rest (on
+    real VMs each server host has its own CPUs; here all of them share this machine's cores, which is why the server
+    hosts' CPU is reported apart, and the engines' apart from what the rollout itself runs on the hosts)."""
 
     def __init__(self):
         super().__init__(daemon=True)

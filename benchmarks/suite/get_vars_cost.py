@@ -6,8 +6,9 @@ runs), with the facts of a deployed lab, facts injected as variables or not.
         [--host perf-fleet-05] [--calls 200] [--output benchmarks/results/get_vars_cost.json]
 
 Under the linear strategy the main process computes every host's variables for every task before the task's last
-host starts (docs/performance.md: 38 task results per host in a rollout batch), so this cost is the part of a batch's
-overhead that grows with its hosts however many cores the controller has. Each setting runs in its own Python
+host starts (docs/performance.md: 38 task results per host in a rollout batch), so this cost is one part of what a
+batch's overhead gains per host however many cores the controller has (the worker's fork and the result handling
+are the others). Each setting runs in its own Python
 process (ansible-core reads its configuration once), alternating, `--repeats` times; the best and median ms per call
 are printed and saved. The facts come from the lab's fact cache (`ANSIBLE_CACHE_PLUGIN_CONNECTION`, as
 benchmarks/suite/fleet_rollout.py leaves it): run that benchmark (or a deploy of the lab) first.
