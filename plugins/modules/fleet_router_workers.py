@@ -44,6 +44,7 @@ options:
   runtime:
     type: str
     default: sglang
+    choices: [unspecified, sglang, vllm, trtllm, mlx, tokenspeed, generic, external]
     description:
       - The worker's runtime, sent with each C(POST /workers) (smg 1.13.0's C(runtime), one of C(unspecified),
         C(sglang), C(vllm), C(trtllm), C(mlx), C(tokenspeed), C(generic), C(external); another value is refused
@@ -141,6 +142,9 @@ drain:
 # The status smg 1.13.0 lists a worker with from its DELETE until its removal (openai_protocol WorkerStatus::Draining,
 # serialized lowercase; seen in the lab's GET /workers right after a DELETE).
 DRAINING = "draining"
+# The runtimes smg 1.13.0's POST /workers accepts (its 400 answer to another one lists them): refused here, before any
+# call to the router, rather than by the router in the middle of a rollout's add-back.
+RUNTIMES = ("unspecified", "sglang", "vllm", "trtllm", "mlx", "tokenspeed", "generic", "external")
 
 
 def norm(url: str) -> str:
@@ -252,7 +256,7 @@ def main() -> None:
             "state": {"type": "str", "choices": ["present", "absent", "query"], "default": "query"},
             "urls": {"type": "list", "elements": "str", "default": []},
             "exclusive": {"type": "bool", "default": False},
-            "runtime": {"type": "str", "default": "sglang"},
+            "runtime": {"type": "str", "default": "sglang", "choices": list(RUNTIMES)},
             "wait_timeout": {"type": "int", "default": 120},
             "http_timeout": {"type": "int", "default": 10},
             "drain_timeout": {"type": "int", "default": 0},

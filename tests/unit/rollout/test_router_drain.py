@@ -257,3 +257,13 @@ def test_the_workers_health_is_checked_concurrently(router, capsys):
             server.shutdown()
     assert not failed, result
     assert result["left_out"] == {} and sorted(result["in_router_urls"]) == sorted(urls)
+
+
+def test_a_runtime_the_router_does_not_know_is_refused_before_any_call(router, capsys):
+    """smg 1.13.0 answers 400 to an unknown runtime; the module refuses it itself, naming the choices, before it calls
+    the router at all."""
+    args = {"api_url": router["url"], "api_key": "k", "state": "present", "urls": ["http://127.0.0.1:9"],
+            "runtime": "sglang-0.5"}  # fmt: skip
+    result, failed = run_module(MODULE, args, capsys)
+    assert failed and "runtime" in result["msg"] and "sglang, vllm" in result["msg"], result
+    assert router["calls"] == []
