@@ -119,21 +119,37 @@ def scenario_env(scenario: Scenario) -> dict[str, str]:
     return env
 
 
-# Lines of a scenario's log that say why it failed: pytest's assertion lines and summary, Ansible's failures.
-WHY_PREFIXES = ("E   ", "FAILED ", "ERROR ", "fatal: [", "failed: [", "    msg: ", "  msg: ", "CRITICAL ")
+# Lines of a scenario's log that say why it failed, in this order: pytest's (the verifier's assertion and its
+# summary), Ansible's failures with their messages, Molecule's errors. A `msg:` line counts only inside a failure's
+# block: successful debug tasks print msg lines too, and they filled the summary of a failed verify once (CI,
+# 2026-12-03) while the assertion that failed was not shown.
+PYTEST_PREFIXES = ("E   ", "FAILED ")
+ANSIBLE_FAILURE_PREFIXES = ("fatal: [", "failed: [")
+MOLECULE_PREFIXES = ("CRITICAL ", "ERROR ")
+BLOCK_ENDS = ("TASK [", "PLAY [", "RUNNING HANDLER [", "PLAY RECAP", "ok: [", "changed: [", "skipping: [")
 WHY_LINES = 12
 
 
 def why_failed(text: str) -> list[str]:
-    """The first lines of a failed scenario's log that say why (the log's time stamps stripped)."""
-    why = []
+    """The lines of a failed scenario's log that say why (time stamps stripped), at most WHY_LINES."""
+    pytest_lines: list[str] = []
+    ansible_lines: list[str] = []
+    molecule_lines: list[str] = []
+    in_failure = False
     for line in text.splitlines():
         body = line.split("] ", 1)[1] if line.startswith("[") and "] " in line else line
-        if body.startswith(WHY_PREFIXES):
-            why.append(body[:300])
-            if len(why) == WHY_LINES:
-                break
-    return why
+        if body.startswith(PYTEST_PREFIXES):
+            pytest_lines.append(body[:300])
+        elif body.startswith(ANSIBLE_FAILURE_PREFIXES):
+            ansible_lines.append(body[:300])
+            in_failure = True
+        elif body.startswith(BLOCK_ENDS):
+            in_failure = False
+        elif in_failure and body.lstrip().startswith("msg:"):
+            ansible_lines.append(body[:300])
+        elif body.startswith(MOLECULE_PREFIXES):
+            molecule_lines.append(body[:300])
+    return (pytest_lines + ansible_lines + molecule_lines)[:WHY_LINES]
 
 
 def fmt(seconds: float) -> str:

@@ -237,3 +237,36 @@ def test_a_marker_of_a_gone_process_does_not_hold_scenarios_back(project, monkey
     monkeypatch.setenv("FAKE_MEET", "2")
     assert project.main(["--jobs", "2", "--beside", "lab-tests", "--jobs-beside", "1"]) == 0
     assert "still running" not in capsys.readouterr().out
+
+
+# A failed verify's log as CI printed it (2026-12-03), shortened: debug tasks' msg lines of a converge that passed,
+# Molecule's noise, then the verifier's assertion at the end.
+FAILED_VERIFY_LOG = """\
+[ 0m05s] CRITICAL 'molecule/default/molecule.yml' glob failed.  Exiting.
+[ 1m10s] TASK [gpufleet.fleet.preflight : Report the GPUs] ****
+[ 1m10s] ok: [e2e-01] =>
+[ 1m10s]     msg: 8 x NVIDIA RTX PRO 6000 Blackwell Server Edition (sm_120), driver 570.172.08,
+[ 2m00s] TASK [gpufleet.fleet.sglang_server : Wait for readiness] ****
+[ 2m00s] fatal: [e2e-01]: FAILED! => changed=false
+[ 2m00s]   msg: 'e2e-01: not ready after 60 s'
+[ 2m00s] ...ignoring
+[ 2m01s] TASK [gpufleet.fleet.sglang_server : Report] ****
+[ 2m01s] ok: [e2e-01] =>
+[ 2m01s]     msg: restart e2e-01 in batches of 1
+[ 9m00s] E   AssertionError: e2e-01: converged, proven in place by a generation
+[ 9m00s] FAILED tests/test_e2e_pipeline.py::test_a_second_deploy - AssertionError
+[ 9m13s] ERROR    Verifier tests failed
+"""
+
+
+def test_why_a_verify_failed_names_the_assertion_first_and_no_successful_task_message(project):
+    why = project.why_failed(FAILED_VERIFY_LOG)
+    assert why[:2] == [
+        "E   AssertionError: e2e-01: converged, proven in place by a generation",
+        "FAILED tests/test_e2e_pipeline.py::test_a_second_deploy - AssertionError",
+    ]
+    assert why[2:4] == ["fatal: [e2e-01]: FAILED! => changed=false", "  msg: 'e2e-01: not ready after 60 s'"]
+    assert why[4:] == [
+        "CRITICAL 'molecule/default/molecule.yml' glob failed.  Exiting.",
+        "ERROR    Verifier tests failed",
+    ]
