@@ -150,6 +150,34 @@ def env_readback(props, environ=None, prefix="NCCL_"):
     return {"source": source, "main_pid": main_pid, "nccl_env": dict(sorted(env.items()))}
 
 
+def read_manifest(path: str) -> dict:
+    """A kept version's manifest (JSON object), {} when the path is empty, missing or not a JSON object."""
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def readback(unit: str, manifest: str, prefix: str = "NCCL_", runner=None, proc_root: str = "/proc") -> dict:
+    """What the deploy report reads back from the host (sglang_server_readback, and sglang_server_last_good right
+    after a save): the unit's main process, the ``prefix`` variables it runs with (env_readback) and the manifest."""
+    _rc, out, _err = (runner or run)(["systemctl", "show", "--property=MainPID", "--property=Environment", unit])
+    props = show_properties(out)
+    environ = None
+    pid = env_readback(props)["main_pid"]
+    if pid > 0:
+        try:
+            with open(f"{proc_root}/{pid}/environ", "rb") as fh:
+                environ = fh.read()
+        except OSError:
+            environ = None
+    return {**env_readback(props, environ, prefix), "manifest": read_manifest(manifest)}
+
+
 def _csv(out):
     rows = []
     for line in out.splitlines():

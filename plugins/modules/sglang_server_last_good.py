@@ -9,7 +9,7 @@ import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import write_root_file
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import readback, write_root_file
 
 DOCUMENTATION = r"""
 module: sglang_server_last_good
@@ -54,6 +54,14 @@ options:
     required: true
     no_log: true
     description: Content of a kept version's C(secrets.env) as the configuration says now (never logged).
+  readback_unit:
+    type: str
+    default: ""
+    description:
+      - When set, the server unit whose read-back the deploy report takes, returned as C(readback) after the save
+        (what M(gpufleet.fleet.sglang_server_readback) returns - the unit's main process, the C(NCCL_*) variables that
+        process runs with, and the last-known-good manifest just written). The report then needs no module run of
+        its own on the host. Empty means no read-back.
 """
 
 EXAMPLES = r"""
@@ -67,6 +75,8 @@ EXAMPLES = r"""
       release: /opt/ml-env/releases/sim-a
       argv: [/opt/ml-env/releases/sim-a/bin/python, -m, sglang.launch_server]
     kept_secrets: "{{ lookup('ansible.builtin.template', 'secrets.env.j2') }}"
+    readback_unit: sglang-server.service
+  register: saved
 """
 
 RETURN = r"""
@@ -82,6 +92,11 @@ unit_sha256:
   type: str
   description: SHA-256 of the installed unit (the manifest's C(unit_sha256)).
   returned: always
+readback:
+  type: dict
+  description: The read-back of I(readback_unit) after the save (sglang_server_readback's C(source), C(main_pid),
+    C(nccl_env), C(manifest)); no secret is in it.
+  returned: when readback_unit is set
 """
 
 SECRETS_NAME = "secrets.env"
@@ -144,6 +159,7 @@ def main() -> None:
             "previous_good_dir": {"type": "path", "required": True},
             "manifest": {"type": "dict", "required": True},
             "kept_secrets": {"type": "str", "required": True, "no_log": True},
+            "readback_unit": {"type": "str", "default": ""},
         },
         supports_check_mode=True,
     )
@@ -151,6 +167,9 @@ def main() -> None:
         result = save(module.params, module)
     except OSError as exc:
         module.fail_json(msg=f"sglang_server_last_good: {exc}")
+    if module.params["readback_unit"]:
+        manifest = os.path.join(module.params["last_good_dir"], "manifest.json")
+        result["readback"] = readback(module.params["readback_unit"], manifest)
     module.exit_json(**result)
 
 

@@ -5,11 +5,11 @@ last-known-good manifest."""
 
 from __future__ import annotations
 
-import json
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import (
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import (  # noqa: F401  (tests)
     env_readback,
+    read_manifest,
+    readback,
     run,
     show_properties,
 )
@@ -44,31 +44,6 @@ main_pid: {type: int, returned: always, description: The unit's MainPID (0 when 
 nccl_env: {type: dict, returned: always, description: The kept variables and their values.}
 manifest: {type: dict, returned: always, description: The manifest's content; empty when absent or not JSON.}
 """
-
-
-def read_manifest(path: str) -> dict:
-    if not path:
-        return {}
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def readback(unit: str, manifest: str, prefix: str = "NCCL_", runner=run, proc_root: str = "/proc") -> dict:
-    _rc, out, _err = runner(["systemctl", "show", "--property=MainPID", "--property=Environment", unit])
-    props = show_properties(out)
-    environ = None
-    pid = env_readback(props)["main_pid"]
-    if pid > 0:
-        try:
-            with open(f"{proc_root}/{pid}/environ", "rb") as fh:
-                environ = fh.read()
-        except OSError:
-            environ = None
-    return {**env_readback(props, environ, prefix), "manifest": read_manifest(manifest)}
 
 
 def main() -> None:

@@ -105,3 +105,27 @@ def test_the_secret_never_leaves_in_the_result_and_a_missing_unit_fails(host, ru
     (host / "etc" / UNIT).unlink()
     result, failed = run_module("sglang_server_last_good", args(host))
     assert failed and "does not exist" in result["msg"]
+
+
+def test_with_readback_unit_the_save_returns_the_reports_read_back_of_the_manifest_just_written(
+    host, run_module, tmp_path, monkeypatch
+):
+    """The deploy report's read-back in the same module run as the save (one Python on the host fewer per restart):
+    what sglang_server_readback would return right after it, the new manifest included, and no secret."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    systemctl = bin_dir / "systemctl"
+    systemctl.write_text(
+        "#!/bin/sh\nprintf 'MainPID=0\\nEnvironment=NCCL_P2P_LEVEL=PHB SGLANG_SERVER_API_KEY=sk-old\\n'\n"
+    )
+    systemctl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    result, failed = run_module("sglang_server_last_good", args(host, readback_unit=UNIT))
+    assert not failed and result["saved"]
+    manifest = json.loads((host / "state" / "last-good" / "manifest.json").read_text())
+    assert result["readback"] == {"source": "unit", "main_pid": 0, "nccl_env": {"NCCL_P2P_LEVEL": "PHB"},
+                                  "manifest": manifest}  # fmt: skip
+    assert "sk-old" not in json.dumps(result)
+    # without it, no read-back (and no systemctl call)
+    again, failed = run_module("sglang_server_last_good", args(host))
+    assert not failed and "readback" not in again
