@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import json
 import signal
+import socket
+import struct
 import threading
 import time
 
@@ -320,3 +322,23 @@ def test_registry_file_is_json_contract(sim):
         entry = json.loads(path.read_text())
         assert set(entry) == {"pid", "process_name", "gpus", "leak", "starttime"}
         assert path.name == f"alloc-{entry['pid']}.json"
+
+
+def test_a_client_that_resets_its_connection_leaves_no_traceback_in_the_log(sim):
+    """uvicorn notes a lost connection at debug level only; a traceback in the engine's journal fails the deploy's
+    health check (sglang_server_journal_error_patterns), so a client that timed out must not leave one."""
+    before = sim.log()
+    for partial in (
+        b"",
+        b"GET /health HTTP/1.1\r\nHost: sim\r\n",
+        b"POST /generate HTTP/1.1\r\nContent-Length: 99\r\n\r\n{",
+    ):
+        client = socket.create_connection(("127.0.0.1", sim.port))
+        if partial:
+            client.sendall(partial)
+        time.sleep(0.1)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        client.close()
+    assert sim.get("/health").status == 200
+    new = sim.log()[len(before) :]
+    assert "Traceback" not in new and "ConnectionResetError" not in new, new

@@ -10,12 +10,13 @@ import socket
 import time
 import traceback
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
 from . import SERVER_VERSION, SIM_HEADER, SIM_HEADER_VALUE
 from .engine import ClientGone, Result
 from .log import log
+from .quiet_http import DisconnectQuietHTTPServer
 from .textgen import StreamingReasoningParser, parse_reasoning
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def reasoning_from_request(parser: str, body: dict) -> bool:
     return True
 
 
-class SimHTTPServer(ThreadingHTTPServer):
+class SimHTTPServer(DisconnectQuietHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 256

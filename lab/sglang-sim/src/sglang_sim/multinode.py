@@ -25,9 +25,10 @@ import json
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from .log import log
+from .quiet_http import DisconnectQuietHTTPServer
 
 DEFAULT_TIMEOUT_S = 1800.0  # torch.distributed default_pg_timeout (30 minutes)
 
@@ -174,7 +175,7 @@ class _DummyHealthHandler(BaseHTTPRequestHandler):
 def launch_dummy_health_check_server(host: str, port: int) -> None:
     """srt/utils/common.py launch_dummy_health_check_server: uvicorn in a daemon thread (log level warning)."""
     try:
-        httpd = ThreadingHTTPServer((host, port), _DummyHealthHandler)
+        httpd = DisconnectQuietHTTPServer((host, port), _DummyHealthHandler)
     except OSError as e:
         log(f"ERROR:    [Errno {e.errno}] error while attempting to bind on address ('{host}', {port}): {e.strerror}")
         return
