@@ -162,10 +162,10 @@ def read_manifest(path: str) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def readback(unit: str, manifest: str, prefix: str = "NCCL_", runner=None, proc_root: str = "/proc") -> dict:
+def readback(unit: str, manifest: str, prefix: str = "NCCL_", runner=run, proc_root: str = "/proc") -> dict:
     """What the deploy report reads back from the host (sglang_server_readback, and sglang_server_last_good right
     after a save): the unit's main process, the ``prefix`` variables it runs with (env_readback) and the manifest."""
-    _rc, out, _err = (runner or run)(["systemctl", "show", "--property=MainPID", "--property=Environment", unit])
+    _rc, out, _err = runner(["systemctl", "show", "--property=MainPID", "--property=Environment", unit])
     props = show_properties(out)
     environ = None
     pid = env_readback(props)["main_pid"]

@@ -100,6 +100,7 @@ readback:
 """
 
 SECRETS_NAME = "secrets.env"
+MANIFEST_NAME = "manifest.json"
 
 
 def sha256(module: AnsibleModule, path: str) -> str:
@@ -138,7 +139,7 @@ def save(params: dict, module: AnsibleModule) -> dict:
             write_root_file(os.path.join(lkg, SECRETS_NAME), secrets, 0o600)
         manifest = {**params["manifest"], "unit_sha256": unit_sum}
         text = json.dumps(manifest, indent=4, sort_keys=True) + "\n"
-        write_root_file(os.path.join(lkg, "manifest.json"), text.encode(), 0o644)
+        write_root_file(os.path.join(lkg, MANIFEST_NAME), text.encode(), 0o644)
     # After a save in check mode, previous-good would be today's last-good: judge the secrets of that one.
     kept_dir = lkg if saved and module.check_mode else previous
     kept_path = os.path.join(kept_dir, SECRETS_NAME)
@@ -168,7 +169,7 @@ def main() -> None:
     except OSError as exc:
         module.fail_json(msg=f"sglang_server_last_good: {exc}")
     if module.params["readback_unit"]:
-        manifest = os.path.join(module.params["last_good_dir"], "manifest.json")
+        manifest = os.path.join(module.params["last_good_dir"], MANIFEST_NAME)
         result["readback"] = readback(module.params["readback_unit"], manifest)
     module.exit_json(**result)
 
