@@ -6,7 +6,7 @@ runs), with the facts of a deployed lab, facts injected as variables or not.
         [--host perf-fleet-05] [--calls 200] [--output benchmarks/results/get_vars_cost.json]
 
 Under the linear strategy the main process computes every host's variables for every task before the task's last
-host starts (docs/performance.md: 38 task results per host in a rollout batch), so this cost is one part of what a
+host starts (docs/performance.md: 35 task results per host in a rollout batch), so this cost is one part of what a
 batch's overhead gains per host however many cores the controller has (the worker's fork and the result handling
 are the others). Each setting runs in its own Python
 process (ansible-core reads its configuration once), alternating, `--repeats` times; the best and median ms per call
