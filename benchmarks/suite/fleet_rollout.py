@@ -1,7 +1,7 @@
 """Fleet benchmarks of issues 14 and 15 on one lab: no-op `deploy.yml` and no-op `playbooks/rollout.yml` on 1
 and on N server hosts, and a real rollout's overhead per batch split from the engine's warm-up.
 
-    python benchmarks/suite/fleet_rollout.py [--hosts 8] [--repeats 2] [--keep-lab]
+    python benchmarks/suite/fleet_rollout.py [--hosts 8] [--repeats 2] [--rollout-repeats 3] [--keep-lab]
         [--output benchmarks/results/fleet_rollout.json]
 
 One lab `perf-fleet` (N server hosts with simulated GPUs + 1 gateway host running the router), its inventory in
@@ -18,7 +18,9 @@ mirror, test hub, wheelhouses) as `make deploy` uses it. Steps:
 4. a real rollout of a flag change (`chunked-prefill-size`) in batches of 1, 2 and the rest: per batch the
    rollout report's `batch_timings` (wall time from the batch's start to its gate, the slowest engine
    start-to-ready of the batch, and the difference, the rollout's overhead; and with the engine's stop counted as
-   engine time too, SGLang's drain of 0-5 s, the rollout's own overhead; goal: flat as hosts are added).
+   engine time too, SGLang's drain of 0-5 s, the rollout's own overhead; goal: flat as hosts are added),
+   `--rollout-repeats` times (the flag changed back and forth): the medians per batch size, and from them what each
+   host added to a batch costs.
 
 Every figure is a wall time on this machine, recorded with the load average at the start; the ratios are
 measured in the same run. JSON in benchmarks/results/fleet_rollout.json.
@@ -230,10 +232,99 @@ def batches_for(hosts: int) -> list[int]:
     return [*sizes, left] if left else sizes
 
 
+def real_rollout(sizes: list[int], chunked_prefill: int) -> dict:
+    """One rollout of a flag change in batches `sizes`: its report's batch_timings, each with the CPU of its window."""
+    extra = {
+        "rollout_serial": sizes,
+        "rollout_max_unavailable": max(sizes),
+        "sglang_server_args_host": {"chunked-prefill-size": chunked_prefill},
+    }
+    sampler = CpuSampler()
+    sampler.start()
+    try:
+        wall, _ = playbook("playbooks/rollout.yml", extra=extra)
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    report = json.loads((WORK / "reports/rollout/last.json").read_text())
+    if report["result"] != "ok":
+        raise SystemExit(f"the real rollout did not end ok: {json.dumps(report)[:3000]}")
+    for t in report["batch_timings"]:
+        # CPU spent in the batch's window (its start to its gate): what grows with the hosts of a batch
+        t["cpu_s"] = sampler.window(float(t["started_at"]), float(t["started_at"]) + float(t["wall_s"]))
+    return {
+        "change": f"sglang_server_args_host chunked-prefill-size {chunked_prefill}",
+        "wall_s": round(wall, 2),
+        "batch_timings": report["batch_timings"],
+        "hosts": report["hosts"],
+    }
+
+
+def per_added_host(runs: list[dict]) -> dict:
+    """What each host added to a batch costs beyond the one-host batch (flat: 0), from the median over the runs of
+    the first and the last batch: the overhead (wall - warm-up), the rollout's own (the engine's stop counted as
+    engine time too: SGLang's drain takes 0-5 s, its 5 s watchdog) and the CPU by where it is spent."""
+    first = [r["batch_timings"][0] for r in runs]
+    last = [r["batch_timings"][-1] for r in runs]
+    added = len(last[0]["hosts"]) - len(first[0]["hosts"])
+    if added <= 0:
+        return {}
+
+    def slope(key: str) -> float:
+        return round((statistics.median(t[key] for t in last) - statistics.median(t[key] for t in first)) / added, 2)
+
+    cpu_keys = [k for k in (last[0].get("cpu_s") or {}) if k not in ("sampled_s", "machine_cores_busy")]
+    return {
+        "overhead_per_added_host_s": slope("overhead_s"),
+        "own_overhead_per_added_host_s": slope("own_overhead_s"),
+        "cpu_per_added_host_s": {
+            k: round(
+                (statistics.median(t["cpu_s"][k] for t in last) - statistics.median(t["cpu_s"][k] for t in first))
+                / added,
+                2,
+            )
+            for k in cpu_keys
+            if all(k in (t.get("cpu_s") or {}) for t in first + last)
+        },
+    }
+
+
+def real_rollouts(sizes: list[int], repeats: int) -> dict:
+    """`repeats` rollouts of a flag change (chunked-prefill-size 4096, then back to 2048, ...) in batches `sizes`:
+    the first one's details, every run's per-batch figures, the medians per batch, and the cost per added host from
+    the medians (one run's slowest engine stop alone moves a batch's figures by seconds)."""
+    runs = [real_rollout(sizes, 4096 if n % 2 == 0 else 2048) for n in range(repeats)]
+    keys = ("wall_s", "engine_start_to_ready_s", "overhead_s", "engine_stop_s", "engine_s", "own_overhead_s")
+    return {
+        **runs[0],
+        "serial": sizes,
+        "repeats": repeats,
+        "runs": [
+            {
+                "change": r["change"],
+                "wall_s": r["wall_s"],
+                "batches": [{"hosts": len(t["hosts"]), **{k: t[k] for k in keys}} for t in r["batch_timings"]],
+            }
+            for r in runs
+        ],  # fmt: skip
+        "median_by_batch": [
+            {
+                "hosts": len(runs[0]["batch_timings"][b]["hosts"]),
+                **{k: round(statistics.median(r["batch_timings"][b][k] for r in runs), 3) for k in keys},
+            }
+            for b in range(len(sizes))
+        ],  # fmt: skip
+        **per_added_host(runs),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=8, help="server hosts (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--rollout-repeats", type=int, default=3, help="real rollouts of a flag change (default %(default)s)"
+    )
     parser.add_argument("--keep-lab", action="store_true", help="leave the lab up (inventory tmp/perf-fleet)")
     parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "fleet_rollout.json"))
     args = parser.parse_args(argv)
@@ -268,49 +359,7 @@ def main(argv: list[str] | None = None) -> dict:
         out["noop_rollout"] = noop_pair("playbooks/rollout.yml", one, "sglang_servers", args.repeats, extra=budget)
         out["noop_rollout"]["extra_vars"] = budget
         sizes = batches_for(args.hosts)
-        extra = {
-            "rollout_serial": sizes,
-            "rollout_max_unavailable": max(sizes),
-            "sglang_server_args_host": {"chunked-prefill-size": 4096},
-        }
-        sampler = CpuSampler()
-        sampler.start()
-        try:
-            wall, _ = playbook("playbooks/rollout.yml", extra=extra)
-        finally:
-            sampler.stop.set()
-            sampler.join()
-        report = json.loads((WORK / "reports/rollout/last.json").read_text())
-        if report["result"] != "ok":
-            raise SystemExit(f"the real rollout did not end ok: {json.dumps(report)[:3000]}")
-        for t in report["batch_timings"]:
-            # CPU spent in the batch's window (its start to its gate): what grows with the hosts of a batch
-            t["cpu_s"] = sampler.window(float(t["started_at"]), float(t["started_at"]) + float(t["wall_s"]))
-        out["rollout"] = {
-            "change": "sglang_server_args_host chunked-prefill-size 4096",
-            "serial": sizes,
-            "wall_s": round(wall, 2),
-            "batch_timings": report["batch_timings"],
-            "hosts": report["hosts"],
-        }
-        first_batch, last_batch = report["batch_timings"][0], report["batch_timings"][-1]
-        added = len(last_batch["hosts"]) - len(first_batch["hosts"])
-        if added > 0:
-            # what each host added to a batch costs the rollout beyond the one-host batch (flat: 0)
-            out["rollout"]["overhead_per_added_host_s"] = round(
-                (last_batch["overhead_s"] - first_batch["overhead_s"]) / added, 2
-            )
-            # the same with the engine's stop counted as engine time (SGLang's drain: 0-5 s, its 5 s watchdog)
-            out["rollout"]["own_overhead_per_added_host_s"] = round(
-                (last_batch["own_overhead_s"] - first_batch["own_overhead_s"]) / added, 2
-            )
-            # and the CPU each added host costs, by where it is spent (the controller's main process is serial)
-            first_cpu, last_cpu = first_batch.get("cpu_s") or {}, last_batch.get("cpu_s") or {}
-            out["rollout"]["cpu_per_added_host_s"] = {
-                k: round((last_cpu[k] - first_cpu[k]) / added, 2)
-                for k in last_cpu
-                if k in first_cpu and k not in ("sampled_s", "machine_cores_busy")
-            }
+        out["rollout"] = real_rollouts(sizes, args.rollout_repeats)
     finally:
         if not args.keep_lab:
             lab("down")
@@ -321,7 +370,9 @@ def main(argv: list[str] | None = None) -> dict:
           f"({nd['many_over_one']}x; medians {nd['many_over_one_median']}x; goal 1.5x)")  # fmt: skip
     print(f"no-op rollout.yml: 1 host {nr['one_host_s']['best']} s, {args.hosts} hosts {nr['many_hosts_s']['best']} s "
           f"({nr['many_over_one']}x; medians {nr['many_over_one_median']}x)")  # fmt: skip
-    print(f"rollout of a flag change in batches {sizes}: {out['rollout']['wall_s']} s")
+    sizes = out["rollout"]["serial"]
+    print(f"rollout of a flag change in batches {sizes}: {out['rollout']['wall_s']} s (the first of "
+          f"{out['rollout']['repeats']})")  # fmt: skip
     for t in out["rollout"]["batch_timings"]:
         print(f"  batch {t['batch']} ({len(t['hosts'])} hosts): wall {t['wall_s']} s = engine warm-up "
               f"{t['engine_start_to_ready_s']} s + rollout overhead {t['overhead_s']} s; engine stop + warm-up "
@@ -329,9 +380,12 @@ def main(argv: list[str] | None = None) -> dict:
               f"{t['own_overhead_s']} s")  # fmt: skip
     for t in out["rollout"]["batch_timings"]:
         print(f"  batch {t['batch']} CPU in its window: {t.get('cpu_s')}")
+    for t in out["rollout"]["median_by_batch"]:
+        print(f"  median of {out['rollout']['repeats']} runs, batch of {t['hosts']}: overhead {t['overhead_s']} s, "
+              f"the rollout's own {t['own_overhead_s']} s (slowest engine stop {t['engine_stop_s']} s)")  # fmt: skip
     if "overhead_per_added_host_s" in out["rollout"]:
         own = out["rollout"]["own_overhead_per_added_host_s"]
-        print(f"  overhead per host added to a batch: {out['rollout']['overhead_per_added_host_s']} s "
+        print(f"  overhead per host added to a batch (medians): {out['rollout']['overhead_per_added_host_s']} s "
               f"(the rollout's own, engine stops apart: {own} s)")  # fmt: skip
         print(f"  CPU per host added to a batch: {out['rollout'].get('cpu_per_added_host_s')}")
     print(f"saved {args.output}")

@@ -9,7 +9,8 @@ A poll reads the job file with ``cat`` over the connection (no Python module on 
 Ansible module runs over ssh as most of a run's CPU); once the file says the job ended, the result is that
 file's record read as ansible-core's async_status module reads it (``async_result``), so the task returns exactly
 what async_status would without another module run on the host; async_status itself runs only when the job
-file is missing (its message says why).
+file is missing (its message says why). A job that a module started on the host itself (sglang_server_swap's
+readiness job) writes the same record to a file it names: ``job_file``.
 Returns the job's own result, so the task fails with the module's message when the job failed; a job still
 running after ``timeout`` seconds fails with rc 124 and a message naming ``timeout_variable``.
 Documentation: plugins/modules/job_wait.py.
@@ -110,7 +111,18 @@ def log_line(what: str, host: str, label: str, elapsed_s: float, tail: str) -> s
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset(
-        ("jid", "progress_file", "log_file", "interval", "poll", "timeout", "timeout_variable", "label", "what")
+        (
+            "jid",
+            "job_file",
+            "progress_file",
+            "log_file",
+            "interval",
+            "poll",
+            "timeout",
+            "timeout_variable",
+            "label",
+            "what",
+        )
     )
 
     def _status(self, jid: str, async_dir: str, task_vars: dict) -> dict:
@@ -125,12 +137,14 @@ class ActionModule(ActionBase):
         res = self._low_level_execute_command(" ".join(shlex.quote(a) for a in argv), sudoable=True)
         return res.get("stdout", "") if res.get("rc") == 0 else None
 
-    def _poll(self, jid: str, async_dir: str, job_file: str, task_vars: dict) -> dict:
+    def _poll(self, jid: str, async_dir: str, job_file: str, task_vars: dict, started_by_async: bool) -> dict:
         """{} while the job runs; once it ended, what async_status returns for it (read from the `cat` of its
-        file; async_status runs only when there is no job file, to say why)."""
+        file; async_status runs only when there is no job file of an `async` task, to say why)."""
         text = self._read(["cat", "--", job_file])
         if text is None:
-            return self._status(jid, async_dir, task_vars)
+            if started_by_async:
+                return self._status(jid, async_dir, task_vars)
+            return {"failed": True, "msg": f"the job's record {job_file} is missing (job {jid})"}
         return async_result(text, jid) if job_file_ended(text) else {}
 
     def _progress(self, path: str) -> dict | None:
@@ -148,6 +162,7 @@ class ActionModule(ActionBase):
         _, args = self.validate_argument_spec(
             argument_spec={
                 "jid": {"type": "str", "required": True},
+                "job_file": {"type": "str"},
                 "progress_file": {"type": "str"},
                 "log_file": {"type": "str"},
                 "interval": {"type": "int", "default": 30},
@@ -164,13 +179,14 @@ class ActionModule(ActionBase):
             return result
         host = task_vars.get("inventory_hostname", "?")
         async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
-        job_file = f"{async_dir.rstrip('/')}/{args['jid']}"  # async_wrapper's record of the job
+        # async_wrapper's record of the job, or the record a module wrote for the job it started (job_file)
+        job_file = args["job_file"] or f"{async_dir.rstrip('/')}/{args['jid']}"
         started = time.monotonic()
         next_print = started + min(args["interval"], 5)
         last = None
         checks = 0
         while True:
-            status = self._poll(args["jid"], async_dir, job_file, task_vars)
+            status = self._poll(args["jid"], async_dir, job_file, task_vars, not args["job_file"])
             if status.get("finished") or (status.get("failed") and not status.get("started")):
                 break
             now = time.monotonic()

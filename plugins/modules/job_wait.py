@@ -27,6 +27,12 @@ options:
     description: The job id of the async task (C(ansible_job_id)).
     type: str
     required: true
+  job_file:
+    description:
+      - The job's record on the host, for a job that a module started itself and returned (C(results_file) of
+        gpufleet.fleet.sglang_server_swap's C(ready_job)) instead of an async task's. It has async_wrapper's
+        format; a missing file fails the wait.
+    type: str
   what:
     description: Who waits (the role's name), first word of every progress line and message.
     type: str

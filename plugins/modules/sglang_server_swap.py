@@ -22,6 +22,11 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host 
     wait_released,
     write_root_file,
 )
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_ready import (
+    READY_OPTIONS,
+    start_job,
+    wait_ready,
+)
 
 DOCUMENTATION = r"""
 module: sglang_server_swap
@@ -43,6 +48,11 @@ description:
     a failure names its phase (stop or start). It never starts into GPU memory that stays held after the
     stop - with I(fail_unreleased=false) it returns C(started=false) and C(held) instead, for the role to
     decide (a remedy the user enabled, or stop there).
+  - With I(ready), a start is followed by the wait for readiness and the health check by generation, in a job
+    on the host that this module starts and returns at once (C(ready_job)); gpufleet.fleet.job_wait waits for it,
+    printing its phase. The job writes ansible-core async_wrapper's record (C(started), then the result) to
+    I(ready.job_file); the wait fails fast on a crash or a restart loop of this start, and after I(ready.timeout)
+    seconds since the process started; a failed generation fails it too.
   - The outcome of the stop of a running server is written into each manifest of I(record_stop_in) whose
     C(unit_sha256) is the installed unit's (I(unit_path)) - C(stopped_cleanly) true, or false when the
     memory it left stayed held (such a version is never a rollback target), and C(last_stop).
@@ -97,6 +107,46 @@ options:
     description: "EnvironmentFile of the unit; its SGLANG_SERVER_API_KEY authenticates the in-flight query."
     type: path
     default: ""
+  ready:
+    description: >-
+      After a start: wait for C(/health) 200 and prove health by generation in a job on the host (not given: no
+      job).
+    type: dict
+    suboptions:
+      url:
+        description: "Health URL, e.g. http://127.0.0.1:8000/health."
+        type: str
+        required: true
+      timeout:
+        description: "Seconds since the process started after which the start has failed."
+        type: float
+        required: true
+      job_file:
+        description: "The job's record (async_wrapper's format), read by gpufleet.fleet.job_wait."
+        type: path
+        required: true
+      progress_every:
+        description: "Seconds between progress records (phase from the journal, elapsed time, last /health)."
+        type: float
+        default: 30
+      progress_file:
+        description: "JSON progress record, printed by gpufleet.fleet.job_wait."
+        type: path
+      poll:
+        description: "/health poll interval in seconds."
+        type: float
+        default: 0.25
+      tail_lines:
+        description: "Journal lines of this start returned with a failure."
+        type: int
+        default: 40
+      smoke:
+        description: >-
+          The options of gpufleet.fleet.sglang_server_smoke (no secret: the host reads the key from its
+          secrets_file); the health check by generation once ready, with this start's unit and InvocationID for
+          its journal check. Empty: readiness only (a node of rank >= 1 of a multi-node server).
+        type: dict
+        default: {}
 author: gpufleet
 """
 
@@ -168,6 +218,13 @@ stop_recorded:
   description: "Manifests the stop's outcome was written into."
   returned: stop, restart
   type: list
+ready_job:
+  description: >-
+    The readiness job (with I(ready), after a start): ansible_job_id, results_file. Its result (job_wait's): state,
+    phase, timeline [{phase, at, after_s}], elapsed_s, started_at, ready_at, ready_logged_at, detection_latency_s,
+    health_status, unit_state, smoke (sglang_server_smoke's return values); journal_tail on a failure.
+  returned: start, restart with I(ready)
+  type: dict
 """
 
 
@@ -210,6 +267,7 @@ def main():
             "secrets_file": {"type": "path", "default": ""},
             "unit_path": {"type": "path", "default": ""},
             "record_stop_in": {"type": "list", "elements": "path", "default": []},
+            "ready": {"type": "dict", "options": READY_OPTIONS},
         },
         supports_check_mode=False,
     )
@@ -291,6 +349,13 @@ def main():
         module.fail_json(
             msg=f"systemctl start {unit} failed (rc {rc}): {(err or out).strip()}", restart_phase="start", **result
         )
+    if p["ready"]:
+        started = result["unit"]
+
+        def wait():
+            return wait_ready(unit, started["invocation_id"], started["n_restarts"], p["ready"], module.no_log_values)
+
+        result["ready_job"] = start_job(p["ready"]["job_file"], wait, module.no_log_values)
     module.exit_json(**result)
 
 

@@ -63,3 +63,26 @@ def test_the_machines_busy_time_counts_every_state_but_idle_and_iowait():
     ticks = bench.CLK_TCK
     stat = f"cpu  {3 * ticks} {ticks} {2 * ticks} {50 * ticks} {7 * ticks} 0 {ticks} 0 {ticks} 0\ncpu0 1 2 3\n"
     assert bench.machine_busy_s(stat) == pytest.approx(3 + 1 + 2 + 1)
+
+
+def _run(first: float, last: float, last_hosts: int = 5) -> dict:
+    """A rollout's batch_timings: a one-host batch and a last batch, with their rollout's own overhead."""
+
+    def batch(hosts: int, own: float) -> dict:
+        return {"hosts": [f"h{i}" for i in range(hosts)], "overhead_s": own + 1, "own_overhead_s": own,
+                "cpu_s": {"controller_main_s": hosts * 0.5, "sampled_s": 10}}  # fmt: skip
+
+    return {"batch_timings": [batch(1, first), batch(last_hosts, last)]}
+
+
+def test_the_cost_per_added_host_comes_from_the_medians_of_the_runs_not_from_one_lucky_or_unlucky_run():
+    # one run's slowest engine stop (0-5 s) moved its last batch by 4 s: the median leaves it out
+    runs = [_run(7.0, 9.0), _run(7.2, 13.0), _run(6.8, 9.4)]
+    figures = bench.per_added_host(runs)
+    assert figures["own_overhead_per_added_host_s"] == round((9.4 - 7.0) / 4, 2)
+    assert figures["overhead_per_added_host_s"] == round((10.4 - 8.0) / 4, 2)
+    assert figures["cpu_per_added_host_s"] == {"controller_main_s": 0.5}  # the window's length is no cost
+
+
+def test_a_rollout_in_one_batch_has_no_cost_per_added_host():
+    assert bench.per_added_host([{"batch_timings": [_run(7.0, 9.0)["batch_timings"][0]]}]) == {}

@@ -21,9 +21,9 @@ from sglang_molecule import LAB_ENV, REPORTS, UNIT_PATH, ask, health, props, rep
 HOST = "sglang-01"
 RELEASE_A = "/opt/ml-env/releases/sim-a"
 READY = "The server is fired up and ready to roll!"
-# A crash at start is reported one of two ways, both naming it, by when sglang_server_wait_ready first looks:
+# A crash at start is reported one of two ways, both naming it, by when the readiness job first looks:
 # the unit no longer running, or (when systemd's Restart= already started it again, as under a loaded lab)
-# the restart loop (plugins/modules/sglang_server_wait_ready.py). CI under load saw the second.
+# the restart loop (plugins/module_utils/sglang_server_ready.py). CI under load saw the second.
 CRASHED_AT_START = ("is no longer running during start-up", "crashed during start-up and is in a restart loop")
 # fault -> extra vars of the bad version, words the failure message must contain (one of them, for a tuple),
 # the exact failure phase,
