@@ -53,6 +53,8 @@ description:
     printing its phase. The job writes ansible-core async_wrapper's record (C(started), then the result) to
     I(ready.job_file); the wait fails fast on a crash or a restart loop of this start, and after I(ready.timeout)
     seconds since the process started; a failed generation fails it too.
+  - With I(current_link), a symlink is pointed at a release first (atomic rename), e.g. a rollback's ml-env
+    C(current) link back at the release the restored version runs.
   - The outcome of the stop of a running server is written into each manifest of I(record_stop_in) whose
     C(unit_sha256) is the installed unit's (I(unit_path)) - C(stopped_cleanly) true, or false when the
     memory it left stayed held (such a version is never a rollback target), and C(last_stop).
@@ -107,6 +109,18 @@ options:
     description: "EnvironmentFile of the unit; its SGLANG_SERVER_API_KEY authenticates the in-flight query."
     type: path
     default: ""
+  current_link:
+    description: "A symlink to point at a target before anything else (not given: none)."
+    type: dict
+    suboptions:
+      path:
+        description: "The link, e.g. /opt/ml-env/current."
+        type: path
+        required: true
+      target:
+        description: "What it points at, e.g. /opt/ml-env/releases/<id>."
+        type: path
+        required: true
   ready:
     description: >-
       After a start: wait for C(/health) 200 and prove health by generation in a job on the host (not given: no
@@ -218,6 +232,10 @@ stop_recorded:
   description: "Manifests the stop's outcome was written into."
   returned: stop, restart
   type: list
+current_link:
+  description: "The link pointed (path, target) and whether it changed."
+  returned: with I(current_link)
+  type: dict
 ready_job:
   description: >-
     The readiness job (with I(ready), after a start): ansible_job_id, results_file. Its result (job_wait's): state,
@@ -238,6 +256,18 @@ def install(src, dest, mode):
         same = False
     write_root_file(dest, data, int(str(mode), 8))
     return not same
+
+
+def point_link(path, target):
+    """Point the symlink `path` at `target` (a new link renamed over the old one: never missing); True if it changed."""
+    if os.path.islink(path) and os.readlink(path) == target:
+        return False
+    tmp = f"{path}.gpufleet-tmp"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, path)
+    return True
 
 
 def stop_account(unit, before, was_active, load):
@@ -267,6 +297,10 @@ def main():
             "secrets_file": {"type": "path", "default": ""},
             "unit_path": {"type": "path", "default": ""},
             "record_stop_in": {"type": "list", "elements": "path", "default": []},
+            "current_link": {
+                "type": "dict",
+                "options": {"path": {"type": "path", "required": True}, "target": {"type": "path", "required": True}},
+            },
             "ready": {"type": "dict", "options": READY_OPTIONS},
         },
         supports_check_mode=False,
@@ -274,6 +308,12 @@ def main():
     p = module.params
     unit = p["unit"]
     result = {"changed": True}
+    if p["current_link"]:
+        link, target = p["current_link"]["path"], p["current_link"]["target"]
+        try:
+            result["current_link"] = {"path": link, "target": target, "changed": point_link(link, target)}
+        except OSError as exc:
+            module.fail_json(msg=f"cannot point {link} at {target}: {exc}", restart_phase="stop", **result)
     if p["action"] in ("stop", "restart"):
         before = unit_state(unit)
         was_active = before["active_state"] in ("active", "reloading", "activating")

@@ -122,7 +122,11 @@ def ansible_templating():
     from ansible.parsing.dataloader import DataLoader
     from ansible.plugins.loader import init_plugin_loader
     from ansible.template import Templar, trust_as_template
+    from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
 
+    # ansible-core's collection finder, installed for these tests, stays on sys.meta_path: a later test module that
+    # imports a module of this collection pytest imported without it (at collection) then fails with "collection
+    # metadata was not loaded for collection gpufleet.fleet". Removed again at the end of this module's tests.
     init_plugin_loader()
 
     def trust(value):
@@ -147,7 +151,8 @@ def ansible_templating():
         templar = Templar(loader=DataLoader(), variables=variables)
         return templar.template(trust("{{ " + problems_var + " | default('', true) | trim }}"))
 
-    return problems
+    yield problems
+    _AnsibleCollectionFinder._remove()
 
 
 def test_every_variable_of_every_role_is_refused_with_a_wrong_value(ansible_templating, capsys):
