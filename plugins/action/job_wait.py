@@ -5,8 +5,10 @@ readiness): start the work as an async task (``async: N``, ``poll: 0``), then ``
 polls the job (first after 0.25 s, the wait doubling up to ``poll`` seconds) and, every ``interval``
 seconds, prints one line per host read from the job's JSON progress file (``progress_file``) or from the tail of
 its log (``log_file``).
-A poll reads the job file with ``cat`` over the connection (no Python module on the host: the lab measured
-Ansible module runs over ssh as most of a run's CPU); once the file says the job ended, the result is that
+The job's record is read over the connection with one shell command (no Python module on the host: the lab measured
+Ansible module runs over ssh as most of a run's CPU) that waits on the host while the record says the job runs, looking
+at it every few tenths of a second, until the next progress line is due (``HOST_WAIT``): one ssh command per progress
+line instead of one per look. Once the record says the job ended, the result is that
 file's record read as ansible-core's async_status module reads it (``async_result``), so the task returns exactly
 what async_status would without another module run on the host; async_status itself runs only when the job
 file is missing (its message says why). A job that a module started on the host itself (sglang_server_swap's
@@ -36,15 +38,38 @@ ASYNC_KEYS = (
     "erased",
 )
 LOG_TAIL_CHARS = 4000
-# The first check comes this soon and the wait doubles up to `poll`: a job that ends in half a second (a no-op
+# The first look comes this soon and the wait doubles up to `poll`: a job that ends in half a second (a no-op
 # staging, a cached step) is seen after about 0.75 s instead of one whole `poll` (2 s by default), and a long
-# job costs three checks more.
+# job costs three looks more (shell builtins and a `sleep` on the host, no ssh round trip).
 FIRST_POLL_S = 0.25
+# One ssh command: `sh -c HOST_WAIT job_wait <job file> <sleep>...`. While the record says the job runs (the
+# `"finished": false` of ansible-core 2.19 async_wrapper's running record, one line, or the `"finished": 0` of
+# sglang_server_swap's readiness job, indented), sleep the next of the
+# given seconds; then print the record (a missing file: cat fails, and the caller asks async_status why). Builtins
+# only but `sleep` and `cat`; a record that merely contains those words after the job ended costs the rest of the
+# sleeps, never a wrong answer: the caller reads the printed record with job_file_ended.
+HOST_WAIT = (
+    'f=$1; shift; running() { [ -f "$f" ] || return 1; while IFS= read -r l || [ -n "$l" ]; do '
+    'case $l in *\'"finished": 0\'* | *\'"finished": false\'*) return 0;; esac; done < "$f"; return 1; }; '
+    'for s do running || break; sleep "$s"; done; cat -- "$f"'
+)
 
 
 def poll_delay(checks_done: int, poll: float) -> float:
     """Seconds to sleep after the given number of checks: FIRST_POLL_S, doubled each time, at most poll."""
     return min(poll, FIRST_POLL_S * 2 ** min(checks_done, 16))
+
+
+def host_sleeps(checks_done: int, poll: float, window_s: float) -> list[float]:
+    """The sleeps of one wait on the host: poll_delay's from look ``checks_done`` on, until ``window_s`` seconds (the
+    time to the next progress line or to the timeout) are used; at least one."""
+    sleeps: list[float] = []
+    total = 0.0
+    while not sleeps or total < window_s - 1e-6:
+        step = min(poll_delay(checks_done + len(sleeps), poll), max(window_s - total, 0.05))
+        sleeps.append(round(step, 3))
+        total += step
+    return sleeps
 
 
 def duration(seconds: float | None) -> str:
@@ -137,10 +162,13 @@ class ActionModule(ActionBase):
         res = self._low_level_execute_command(" ".join(shlex.quote(a) for a in argv), sudoable=True)
         return res.get("stdout", "") if res.get("rc") == 0 else None
 
-    def _poll(self, jid: str, async_dir: str, job_file: str, task_vars: dict, started_by_async: bool) -> dict:
-        """{} while the job runs; once it ended, what async_status returns for it (read from the `cat` of its
-        file; async_status runs only when there is no job file of an `async` task, to say why)."""
-        text = self._read(["cat", "--", job_file])
+    def _poll(
+        self, jid: str, async_dir: str, job_file: str, task_vars: dict, started_by_async: bool, sleeps: list[float]
+    ) -> dict:
+        """{} while the job runs; once it ended, what async_status returns for it (read from its record, which the
+        host waits on while the job runs, through ``sleeps``; async_status runs only when there is no job file of an
+        `async` task, to say why)."""
+        text = self._read(["sh", "-c", HOST_WAIT, "job_wait", job_file, *(f"{s:g}" for s in sleeps)])
         if text is None:
             if started_by_async:
                 return self._status(jid, async_dir, task_vars)
@@ -186,7 +214,11 @@ class ActionModule(ActionBase):
         last = None
         checks = 0
         while True:
-            status = self._poll(args["jid"], async_dir, job_file, task_vars, not args["job_file"])
+            # the host waits until the next progress line is due (or the timeout)
+            window = max(min(next_print, started + args["timeout"]) - time.monotonic(), 0.0)
+            sleeps = host_sleeps(checks, args["poll"], window)
+            checks += len(sleeps)
+            status = self._poll(args["jid"], async_dir, job_file, task_vars, not args["job_file"], sleeps)
             if status.get("finished") or (status.get("failed") and not status.get("started")):
                 break
             now = time.monotonic()
@@ -209,8 +241,6 @@ class ActionModule(ActionBase):
                     tail = self._log_tail(args["log_file"])
                     display.display(log_line(args["what"], host, args["label"], now - started, tail))
                 next_print = now + args["interval"]
-            time.sleep(poll_delay(checks, args["poll"]))
-            checks += 1
         if not result.get("failed"):
             self._read(["rm", "-f", "--", job_file])  # what async_status's cleanup mode does
             for key in ASYNC_KEYS:

@@ -11,9 +11,11 @@ description:
     then this action (it runs on the controller) polls the job every O(poll) seconds and, every O(interval)
     seconds, prints a line per host, read from the job's JSON progress file (O(progress_file)) or from the
     last line of its log (O(log_file)).
-  - A poll is a C(cat) of the job file over the connection, not a module run (no Python started on the host);
-    once the file says the job ended, its result is that file's record as ansible-core's async_status module
-    reads it (async_status runs on the host only when the job file is missing).
+  - The job's record is read with one shell command over the connection, not a module run (no Python started on
+    the host), which waits on the host while the record says the job runs, looking at it every O(poll) seconds (the
+    first look after 0.25 s), until the next progress line is due (one ssh command per progress line); a job is
+    seen ended within a look of its end. Once the record says the job ended, its result is that file's record as
+    ansible-core's async_status module reads it (async_status runs on the host only when the job file is missing).
   - A progress record with C(phase=download) and bytes prints bytes done and total, rate and ETA; any other
     record prints its C(phase) and C(message).
   - Returns the job's result (the module's return values, or C(rc) and output of a command), and fails with
@@ -50,8 +52,8 @@ options:
     default: 30
   poll:
     description:
-      - Seconds between checks of the job once it has run a while (the first check comes after 0.25 s and the
-        wait doubles up to this).
+      - Seconds between looks at the job's record on the host once it has run a while (the first look comes after
+        0.25 s and the wait doubles up to this).
     type: float
     default: 2.0
   timeout:

@@ -3,6 +3,10 @@ model downloads, an ml-env step runs or the server starts."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 from ansible_collections.gpufleet.fleet.plugins.action import job_wait
@@ -47,14 +51,63 @@ def test_a_poll_reads_the_job_file_as_async_status_does():
 
 
 def test_a_short_job_is_seen_soon_and_a_long_one_is_checked_every_poll():
-    """The first check comes after 0.25 s and the wait doubles up to `poll`: a no-op staging that ends in half a
-    second is not waited on for a whole poll, and a long job is not checked more often than every `poll` s."""
+    """The first look comes after 0.25 s and the wait doubles up to `poll`: a no-op staging that ends in half a
+    second is not waited on for a whole poll, and a long job is not looked at more often than every `poll` s."""
     delays = [job_wait.poll_delay(n, 2.0) for n in range(6)]
     assert delays == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
-    # a job that ends after 0.6 s is seen at the third check, 0.75 s after the start
+    # a job that ends after 0.6 s is seen at the third look, 0.75 s after the start
     assert sum(delays[:2]) == 0.75
     assert [job_wait.poll_delay(n, 0.1) for n in range(3)] == [0.1, 0.1, 0.1]
     assert job_wait.poll_delay(10_000, 2.0) == 2.0
+
+
+def test_the_host_waits_until_the_next_progress_line_is_due_and_the_doubling_goes_on_across_waits():
+    """One ssh command waits on the host for the time to the next progress line (5 s first, then `interval`): its
+    sleeps are poll_delay's, cut to the window, and the next wait goes on where this one stopped."""
+    assert job_wait.host_sleeps(0, 2.0, 5.0) == [0.25, 0.5, 1.0, 2.0, 1.25]
+    assert job_wait.host_sleeps(5, 2.0, 30.0) == [2.0] * 15
+    assert job_wait.host_sleeps(0, 0.25, 5.0) == [0.25] * 20  # the server's readiness: a look every 0.25 s
+    assert job_wait.host_sleeps(3, 2.0, 0.0) == [0.05]  # always one look, however little time is left
+
+
+def host_wait(record: Path, *sleeps: float) -> tuple[float, subprocess.CompletedProcess]:
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["sh", "-c", job_wait.HOST_WAIT, "job_wait", str(record), *map(str, sleeps)],
+        capture_output=True, text=True, check=False, timeout=30,
+    )  # fmt: skip
+    return time.monotonic() - started, proc
+
+
+def test_the_host_waits_while_the_record_says_running_and_prints_an_ended_one_at_once(tmp_path):
+    """The shell loop on the host (POSIX sh) against ansible-core 2.19's own records and the readiness job's."""
+    took, proc = host_wait(FIXTURES / "running.json", 0.2, 0.2)
+    assert took >= 0.4 and proc.returncode == 0
+    assert job_wait.job_file_ended(proc.stdout) is False  # still running after its sleeps: printed as it is
+    for name in ("finished-ok.json", "finished-failed.json"):
+        took, proc = host_wait(FIXTURES / name, 5, 5)
+        assert took < 2 and proc.stdout == (FIXTURES / name).read_text(), name
+    # the record sglang_server_swap's readiness job writes while it runs (indented, "finished": 0)
+    record = tmp_path / "ready-job.json"
+    record.write_text(json.dumps({"started": 1, "finished": 0, "ansible_job_id": "j1.2"}, indent=2) + "\n")
+    took, _proc = host_wait(record, 0.2, 0.2)
+    assert took >= 0.4
+
+
+def test_a_job_that_ends_during_the_wait_is_answered_at_its_next_look(tmp_path):
+    record = tmp_path / "job"
+    record.write_text((FIXTURES / "running.json").read_text())
+    ended = (FIXTURES / "finished-ok.json").read_text()
+    timer = threading.Timer(0.3, lambda: record.write_text(ended))
+    timer.start()
+    took, proc = host_wait(record, 0.1, 0.1, 0.1, 0.1, 0.1, 5, 5)
+    timer.join()
+    assert 0.3 <= took < 2 and proc.stdout == ended
+
+
+def test_a_missing_record_fails_the_command_so_async_status_is_asked_why(tmp_path):
+    took, proc = host_wait(tmp_path / "no-such-job", 5)
+    assert proc.returncode != 0 and took < 2
 
 
 def test_an_ended_job_reads_as_ansible_cores_async_status_module_returns_it(tmp_path, capsys):
