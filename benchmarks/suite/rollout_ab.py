@@ -1,0 +1,105 @@
+"""Interleaved A/B of a real rollout's own overhead per batch for two commits, on a lab kept by fleet_rollout.py.
+
+    python benchmarks/suite/fleet_rollout.py --hosts 5 --repeats 1 --rollout-repeats 1 --keep-lab
+    python benchmarks/suite/rollout_ab.py A_COMMIT B_COMMIT [--rounds 4] [--output benchmarks/results/rollout_ab.json]
+
+This machine's speed moves by a quarter within an hour, so two benchmark runs of two commits minutes apart compare
+the machine as much as the code. Here each round runs one rollout of a flag change (chunked-prefill-size, back and
+forth) in batches of 1 and N-1 with each commit's `roles/` and `plugins/` (`git checkout <commit> -- roles plugins`;
+the order alternates per round), on the same lab, and prints per rollout and as medians: the rollout's own overhead
+per batch (wall minus the engines' stop and warm-up), its growth per added host, and the CPU per added host by where
+it is spent. The working tree's `roles/` and `plugins/` are put back to HEAD at the end: commit your changes first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fleet_rollout  # noqa: E402  (the lab, the playbook runner and the CPU sampler)
+
+CPU_KEYS = ("controller_main_s", "controller_s", "server_hosts_without_engines_s", "machine_busy_s")
+
+
+def use(commit: str) -> None:
+    """The commit's roles/ and plugins/ in the working tree, without files the commit does not have."""
+    for folder in ("roles", "plugins"):
+        subprocess.run(["git", "rm", "-r", "-q", "--cached", folder], cwd=ROOT, check=True)
+        subprocess.run(["git", "clean", "-f", "-q", "--", folder], cwd=ROOT, check=True)
+        subprocess.run(["git", "checkout", commit, "--", folder], cwd=ROOT, check=True)
+
+
+def summary(rows: list[dict], code: str) -> dict:
+    mine = [r for r in rows if r["code"] == code]
+    added = mine[0]["hosts"][1] - mine[0]["hosts"][0]
+
+    def med(key: str, batch: int) -> float:
+        return round(statistics.median(r[key][batch] for r in mine), 3)
+
+    return {
+        "commit": mine[0]["commit"],
+        "rollouts": len(mine),
+        "own_overhead_s": [med("own_overhead_s", 0), med("own_overhead_s", 1)],
+        "own_overhead_per_added_host_s": round(
+            statistics.median((r["own_overhead_s"][1] - r["own_overhead_s"][0]) / added for r in mine), 2
+        ),
+        "cpu_per_added_host_s": {k: round((med(k, 1) - med(k, 0)) / added, 2) for k in CPU_KEYS},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("a")
+    parser.add_argument("b")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "rollout_ab.json"))
+    args = parser.parse_args()
+    hosts = len(json.loads(subprocess.check_output(
+        [sys.executable, "-m", "gpufleet_lab", "--name", fleet_rollout.LAB, "instances"], env=fleet_rollout.LAB_ENV
+    )))  # fmt: skip
+    servers = hosts - 1  # the gateway host
+    sizes = [1, servers - 1]
+    out = {
+        "command": "python benchmarks/suite/rollout_ab.py " + " ".join(sys.argv[1:]),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "serial": sizes,
+        "rollouts": [],
+    }
+    value = 4096
+    try:
+        for n in range(args.rounds):
+            order = (("A", args.a), ("B", args.b)) if n % 2 == 0 else (("B", args.b), ("A", args.a))
+            for code, commit in order:
+                use(commit)
+                value = 2048 if value == 4096 else 4096
+                run = fleet_rollout.real_rollout(sizes, value)
+                timings = run["batch_timings"]
+                row = {
+                    "code": code,
+                    "commit": commit,
+                    "wall_s": run["wall_s"],
+                    "hosts": [len(t["hosts"]) for t in timings],
+                    "own_overhead_s": [t["own_overhead_s"] for t in timings],
+                    "engine_stop_s": [t["engine_stop_s"] for t in timings],
+                    **{k: [t["cpu_s"][k] for t in timings] for k in CPU_KEYS},
+                }
+                out["rollouts"].append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        use("HEAD")
+    out["A"], out["B"] = summary(out["rollouts"], "A"), summary(out["rollouts"], "B")
+    Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
+    for code in ("A", "B"):
+        print(code, json.dumps(out[code]))
+    print(f"saved {args.output}")
+
+
+if __name__ == "__main__":
+    main()
