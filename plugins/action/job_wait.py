@@ -228,7 +228,8 @@ class ActionModule(ActionBase):
                     rc=124,
                     msg=(
                         f"{args['what']}: {args['label'] or 'the job'} did not finish within {args['timeout']} s "
-                        f"({args['timeout_variable']}); it goes on on the host until its async limit"
+                        f"({args['timeout_variable']}); it goes on on the host until "
+                        + ("its own bound" if args["job_file"] else "its async limit")
                     ),
                 )
                 break
