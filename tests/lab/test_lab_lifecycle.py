@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -178,9 +179,16 @@ def test_a_lab_whose_processes_were_killed_is_cleaned_up(cleanup):
     """CI starts right after a session's processes were ended: the lab it left must not get in the way."""
     lab("--name", NAME, "up", "--hosts", "2")
     state = state_of(NAME)
-    for host in state["hosts"].values():
-        os.kill(host["nspawn_pid"], 9)
-        os.kill(host["leader_pid"], 9)
+    # every process of the lab ended, the hosts' supervisors too (killed first, so none boots its host again); once
+    # they are gone (reaped), the lab is stale. A CI run saw `prune` find a supervisor still exiting after its nspawn
+    # was killed: not stale yet, so nothing was pruned.
+    pids = [h.get(key) for h in state["hosts"].values() for key in ("supervisor_pid", "nspawn_pid", "leader_pid")]
+    for pid in filter(None, pids):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+    deadline = time.monotonic() + 20
+    while any(Path(f"/proc/{pid}").exists() for pid in filter(None, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     out = lab("--name", NAME, cleanup).stdout
     if cleanup == "prune":
         assert f"lab {NAME}: stale" in out
