@@ -12,7 +12,6 @@ gpufleet.fleet.job_wait reads with ``cat`` and prints the progress of, as it doe
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import time
@@ -43,7 +42,10 @@ READY_OPTIONS = {
 }
 
 
-def write_progress(path: str, record: dict) -> None:
+def write_progress(path: str | None, record: dict) -> None:
+    """The job's progress record for job_wait (no file given: none)."""
+    if not path:
+        return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_json(Path(path), record)
 
@@ -92,7 +94,7 @@ def wait_ready(unit: str, invocation_id: str, n_restarts: int, p: dict, no_log_v
         if elapsed > p["timeout"]:
             failure = f"not ready {elapsed:.0f} s after the start (timeout {p['timeout']:.0f} s)"
             break
-        if p["progress_file"] and time.monotonic() >= next_progress:
+        if time.monotonic() >= next_progress:
             write_progress(p["progress_file"], journal_progress(unit, invocation_id, started_at, status))
             next_progress = time.monotonic() + p["progress_every"]
         time.sleep(p["poll"])
@@ -121,9 +123,9 @@ def wait_ready(unit: str, invocation_id: str, n_restarts: int, p: dict, no_log_v
         if logged:
             result["ready_logged_at"] = round(logged[0], 3)
             result["detection_latency_s"] = round(ready_at - logged[0], 3)
+    if failure or not p["smoke"]:
+        write_progress(p["progress_file"], journal_progress(unit, invocation_id, started_at, status))
     if failure:
-        if p["progress_file"]:
-            write_progress(p["progress_file"], journal_progress(unit, invocation_id, started_at, status))
         tail = [msg for _ts, msg in entries[-p["tail_lines"] :]]
         last = next((m for m in reversed(tail) if m.strip()), "")
         return {
@@ -134,14 +136,10 @@ def wait_ready(unit: str, invocation_id: str, n_restarts: int, p: dict, no_log_v
             "msg": f"{failure}; last phase: {result['phase']}; last log line: {last.strip()[:300]}",
         }
     if not p["smoke"]:
-        if p["progress_file"]:
-            write_progress(p["progress_file"], journal_progress(unit, invocation_id, started_at, status))
         return result
-    if p["progress_file"]:
-        write_progress(
-            p["progress_file"],
-            {"phase": "health by generation", "message": f"ready after {result['elapsed_s']:.1f} s"},
-        )
+    write_progress(
+        p["progress_file"], {"phase": "health by generation", "message": f"ready after {result['elapsed_s']:.1f} s"}
+    )
     health = prove(dict(p["smoke"], unit=unit, invocation_id=invocation_id), no_log_values)
     result["smoke"] = health
     if health["remarks"]:
@@ -176,8 +174,6 @@ def start_job(job_file: str, work, no_log_values: set) -> dict:
             result = work()
         except Exception as exc:  # noqa: BLE001  (the job's record must say why it ended)
             result = {"failed": True, "msg": f"the job failed: {type(exc).__name__}: {exc}"}
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(remove_values(result, no_log_values)))
-        os.replace(tmp, path)
+        write_json(path, remove_values(result, no_log_values))
     finally:
         os._exit(0)
