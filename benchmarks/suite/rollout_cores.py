@@ -1,0 +1,138 @@
+"""How a real rollout's own overhead per batch depends on the CPU cores the lab has: one core against two,
+interleaved, on a lab kept by fleet_rollout.py.
+
+    python benchmarks/suite/fleet_rollout.py --hosts 5 --repeats 1 --rollout-repeats 1 --keep-lab
+    python benchmarks/suite/rollout_cores.py [--rounds 3] [--output benchmarks/results/rollout_cores.json]
+
+On this machine the controller, every lab host and every simulated engine share two cores; on a real fleet each
+VM has its own. Issue 15's goal is a per-batch overhead that stays flat as hosts are added to a batch, and what a
+host adds to a batch here is about 3.5-4.5 CPU seconds (fleet_rollout.py's `cpu_per_added_host_s`). Whether that
+CPU, on shared cores, is what makes the overhead grow is a question this script answers by measurement: each round
+runs one rollout of a flag change (chunked-prefill-size, back and forth) in batches of 1 and N-1 with every process
+of the machine allowed on one core (sched_setaffinity on every pid; new processes inherit it: ssh, sshd sessions,
+the units the lab hosts' systemd starts), and one with both cores (the order alternates per round). If the growth
+per added host is the shared CPU, it about doubles on one core; if it were waiting (lockstep, polls, sleeps), it
+would stay. Every process gets both cores back at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fleet_rollout  # noqa: E402  (the lab, the playbook runner and the CPU sampler)
+
+CPU_KEYS = ("controller_main_s", "controller_s", "server_hosts_without_engines_s", "machine_busy_s")
+
+
+def pin_machine(cpus: set[int]) -> dict:
+    """Every process of the machine allowed on `cpus` only; how many took it and how many refused (per-CPU kernel
+    threads refuse, and processes that end while we walk /proc)."""
+    took = refused = 0
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            os.sched_setaffinity(pid, cpus)
+            took += 1
+        except OSError:
+            refused += 1
+    return {"cpus": sorted(cpus), "processes": took, "refused": refused}
+
+
+def engine_affinity() -> list[list[int]]:
+    """The CPUs each running simulated engine may use (they are started by the lab hosts' systemd during the
+    rollout, so this shows that the pin reached them)."""
+    seen = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"sglang_sim" in cmdline and b"launch_server" in cmdline:
+            try:
+                seen.append(sorted(os.sched_getaffinity(int(pid))))
+            except OSError:
+                continue
+    return seen
+
+
+def summary(rows: list[dict], cores: int) -> dict:
+    mine = [r for r in rows if r["cores"] == cores]
+    added = mine[0]["hosts"][1] - mine[0]["hosts"][0]
+
+    def med(key: str, batch: int) -> float:
+        return round(statistics.median(r[key][batch] for r in mine), 3)
+
+    return {
+        "cores": cores,
+        "rollouts": len(mine),
+        "own_overhead_s": [med("own_overhead_s", 0), med("own_overhead_s", 1)],
+        "own_overhead_per_added_host_s": round(
+            statistics.median((r["own_overhead_s"][1] - r["own_overhead_s"][0]) / added for r in mine), 2
+        ),
+        "cpu_per_added_host_s": {k: round((med(k, 1) - med(k, 0)) / added, 2) for k in CPU_KEYS},
+        "machine_cores_busy": [med("machine_cores_busy", 0), med("machine_cores_busy", 1)],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "rollout_cores.json"))
+    args = parser.parse_args()
+    all_cpus = os.sched_getaffinity(0)
+    if len(all_cpus) < 2:
+        raise SystemExit(f"this machine lets this process use {len(all_cpus)} CPU: nothing to compare")
+    hosts = len(json.loads(subprocess.check_output(
+        [sys.executable, "-m", "gpufleet_lab", "--name", fleet_rollout.LAB, "instances"], env=fleet_rollout.LAB_ENV
+    )))  # fmt: skip
+    sizes = [1, hosts - 2]  # the gateway host is not a server
+    both = set(sorted(all_cpus)[:2])
+    one = {min(both)}
+    out = {
+        "command": "python benchmarks/suite/rollout_cores.py " + " ".join(sys.argv[1:]),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip(),
+        "serial": sizes,
+        "rollouts": [],
+    }
+    value = 4096
+    try:
+        for n in range(args.rounds):
+            for cpus in (one, both) if n % 2 == 0 else (both, one):
+                pinned = pin_machine(cpus)
+                value = 2048 if value == 4096 else 4096
+                run = fleet_rollout.real_rollout(sizes, value)
+                timings = run["batch_timings"]
+                row = {
+                    "cores": len(cpus),
+                    "pinned": pinned,
+                    "engines_allowed_on": engine_affinity(),
+                    "wall_s": run["wall_s"],
+                    "hosts": [len(t["hosts"]) for t in timings],
+                    "own_overhead_s": [t["own_overhead_s"] for t in timings],
+                    "engine_stop_s": [t["engine_stop_s"] for t in timings],
+                    "engine_start_to_ready_s": [t["engine_start_to_ready_s"] for t in timings],
+                    "machine_cores_busy": [t["cpu_s"]["machine_cores_busy"] for t in timings],
+                    **{k: [t["cpu_s"][k] for t in timings] for k in CPU_KEYS},
+                }
+                out["rollouts"].append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        out["restored"] = pin_machine(all_cpus)
+    out["one_core"], out["two_cores"] = summary(out["rollouts"], 1), summary(out["rollouts"], 2)
+    Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
+    for key in ("one_core", "two_cores"):
+        print(key, json.dumps(out[key]))
+    print(f"saved {args.output}")
+
+
+if __name__ == "__main__":
+    main()
