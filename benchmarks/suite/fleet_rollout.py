@@ -61,21 +61,34 @@ REPORTS = {
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def controller_cpu() -> tuple[float, float] | None:
-    """(main, all) CPU seconds of the running ansible-playbook child of this process: its main process alone (the
-    serial part: strategy, variables of each task and host, results) and with the workers it has reaped (cutime,
-    cstime; a worker's ssh clients are in its own). None when no playbook runs."""
+def controller_stat() -> tuple[int, list[str]] | None:
+    """The pid and /proc stat fields (after the command name) of the running ansible-playbook child of this
+    process (its main process); None when no playbook runs."""
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[1]) != os.getpid() or "ansible-playboo" not in stat[: stat.rindex(")")]:
-            continue
-        utime, stime, cutime, cstime = (int(x) / CLK_TCK for x in fields[11:15])
-        return utime + stime, utime + stime + cutime + cstime
+        if int(fields[1]) == os.getpid() and "ansible-playboo" in stat[: stat.rindex(")")]:
+            return int(pid), fields
     return None
+
+
+def controller_pid() -> int | None:
+    found = controller_stat()
+    return found[0] if found else None
+
+
+def controller_cpu() -> tuple[float, float] | None:
+    """(main, all) CPU seconds of the running ansible-playbook child of this process: its main process alone (the
+    serial part: strategy, variables of each task and host, results) and with the workers it has reaped (cutime,
+    cstime; a worker's ssh clients are in its own). None when no playbook runs."""
+    found = controller_stat()
+    if found is None:
+        return None
+    utime, stime, cutime, cstime = (int(x) / CLK_TCK for x in found[1][11:15])
+    return utime + stime, utime + stime + cutime + cstime
 
 
 def machine_busy_s(stat: str | None = None) -> float:
