@@ -138,13 +138,15 @@ bench-lab: setup
 # The project's own performance suite (not in `make test`; docs/performance.md): no-op server deploy with the
 # project's ansible.cfg vs Ansible's defaults vs Mitogen, restart overhead (one lab host), and the production
 # lock's env build uv vs pip from the local wheelhouse, and the fleet (no-op deploy.yml and rollout.yml on 1 and 8
-# hosts, a real rollout's overhead per batch), and the controller's variable computation per task and host with the
-# fleet's facts (after fleet_rollout.py, which leaves them). JSON in benchmarks/results/.
+# hosts, a real rollout's overhead per batch), the controller's variable computation per task and host with the
+# fleet's facts (after fleet_rollout.py, which leaves them), and on the same lab a real rollout's overhead per batch
+# with the whole machine on one core against two (rollout_cores.py). JSON in benchmarks/results/.
 bench: setup
 	.venv/bin/python benchmarks/suite/noop_and_restart.py
 	.venv/bin/python benchmarks/suite/env_build_production.py
-	.venv/bin/python benchmarks/suite/fleet_rollout.py
-	.venv/bin/python benchmarks/suite/get_vars_cost.py
+	.venv/bin/python benchmarks/suite/fleet_rollout.py --keep-lab && .venv/bin/python benchmarks/suite/get_vars_cost.py \
+	  && .venv/bin/python benchmarks/suite/rollout_cores.py; \
+	  status=$$?; .venv/bin/python -m gpufleet_lab --name perf-fleet down; exit $$status
 
 # The real engine on the lab (not in `make test`: a 4.8 GiB wheelhouse, about 15 minutes): the production
 # lock's ml-env from a cached controller wheelhouse on its own lab; the example inventory's flags must fail
