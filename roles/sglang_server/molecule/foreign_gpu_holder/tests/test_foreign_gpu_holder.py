@@ -80,7 +80,7 @@ def test_the_server_role_refuses_in_validation_before_the_stop(host, server_refu
     rc, out = server_refused
     assert rc != 0
     assert "SGLANG SERVER DEPLOY FAILED on sglang-01 in phase validate" in out
-    assert "Refuse GPUs held by another program (before any stop)" in out
+    assert "Refuse GPUs held by another program and a port another program listens on (before any stop)" in out
     assert (
         f"GPUs 0,1,2,3,4,5,6,7 of the server are held by processes outside sglang-server.service: pid {intruder} "
         f"(/usr/bin/python3, user intruder, command `{COMMAND}`, GPUs 0,1, 4096 MiB, unit " in out
