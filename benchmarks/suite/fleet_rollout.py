@@ -273,6 +273,16 @@ def real_rollout(sizes: list[int], chunked_prefill: int) -> dict:
     }
 
 
+def changing_rollout(sizes: list[int], chunked_prefill: int) -> tuple[dict, int]:
+    """real_rollout of a value the servers do not run yet: a rollout of the value they run restarts nothing (its
+    report has no batches), so the other value is rolled out instead. Returns the run and the value it set."""
+    run = real_rollout(sizes, chunked_prefill)
+    if run["batch_timings"]:
+        return run, chunked_prefill
+    other = 2048 if chunked_prefill == 4096 else 4096
+    return real_rollout(sizes, other), other
+
+
 def per_added_host(runs: list[dict]) -> dict:
     """What each host added to a batch costs beyond the one-host batch (flat: 0), from the median over the runs of
     the first and the last batch: the overhead (wall - warm-up), the rollout's own (the engine's stop counted as

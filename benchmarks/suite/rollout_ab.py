@@ -78,8 +78,7 @@ def main() -> None:
             order = (("A", args.a), ("B", args.b)) if n % 2 == 0 else (("B", args.b), ("A", args.a))
             for code, commit in order:
                 use(commit)
-                value = 2048 if value == 4096 else 4096
-                run = fleet_rollout.real_rollout(sizes, value)
+                run, value = fleet_rollout.changing_rollout(sizes, 2048 if value == 4096 else 4096)
                 timings = run["batch_timings"]
                 row = {
                     "code": code,

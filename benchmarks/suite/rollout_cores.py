@@ -108,8 +108,7 @@ def main() -> None:
         for n in range(args.rounds):
             for cpus in (one, both) if n % 2 == 0 else (both, one):
                 pinned = pin_machine(cpus)
-                value = 2048 if value == 4096 else 4096
-                run = fleet_rollout.real_rollout(sizes, value)
+                run, value = fleet_rollout.changing_rollout(sizes, 2048 if value == 4096 else 4096)
                 timings = run["batch_timings"]
                 row = {
                     "cores": len(cpus),

@@ -112,7 +112,7 @@ def main() -> None:
     result: dict = {}
 
     def rollout() -> None:
-        result["run"] = fleet_rollout.real_rollout(sizes, 2048 if int(time.time()) % 2 else 4096)
+        result["run"] = fleet_rollout.changing_rollout(sizes, 2048)[0]
 
     subprocess.run(["accton", str(pacct)], check=True, capture_output=True)
     try:

@@ -86,3 +86,18 @@ def test_the_cost_per_added_host_comes_from_the_medians_of_the_runs_not_from_one
 
 def test_a_rollout_in_one_batch_has_no_cost_per_added_host():
     assert bench.per_added_host([{"batch_timings": [_run(7.0, 9.0)["batch_timings"][0]]}]) == {}
+
+
+def test_a_rollout_of_the_value_the_servers_run_is_followed_by_one_of_the_other_value(monkeypatch):
+    # the A/B and the cores benchmark alternate the flag on a kept lab that may already run the first value
+    calls = []
+
+    def rollout(sizes, value):
+        calls.append(value)
+        return {"batch_timings": [] if value == 2048 else [{"hosts": ["h1"]}]}
+
+    monkeypatch.setattr(bench, "real_rollout", rollout)
+    run, value = bench.changing_rollout([1, 4], 2048)
+    assert (calls, value, run["batch_timings"]) == ([2048, 4096], 4096, [{"hosts": ["h1"]}])
+    calls.clear()
+    assert bench.changing_rollout([1, 4], 4096)[1] == 4096 and calls == [4096]
