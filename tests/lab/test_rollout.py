@@ -9,7 +9,9 @@ In order, on the same lab (one bring-up):
    router lists the four workers at the end;
 3. the same rollout again changes nothing: every host is proven where it runs, none leaves the router, no batch
    runs, nothing restarts;
-4. a rollout of another flag change with a start fault on the third host stops at that batch: the host is
+4. a worker left out of the router (what a rollout killed mid-batch leaves: its add-back never ran) is put back by
+   the next rollout, which proves it healthy where it runs; nothing restarts;
+5. a rollout of another flag change with a start fault on the third host stops at that batch: the host is
    rolled back and out of the router, the fourth is untouched (same unit, same start), the first two keep
    the new flag; exit status and report say so.
 """
@@ -61,6 +63,14 @@ def common_extra(**more) -> dict:
         "rollout_report_dir": str(WORK / "reports/rollout"),
         **more,
     }
+
+
+def router_delete(address: str, worker_id: str) -> int:
+    conn = http.client.HTTPConnection(address, ROUTER_PORT, timeout=10)
+    conn.request("DELETE", f"/workers/{worker_id}", headers={"Authorization": f"Bearer {KEY}"})
+    status = conn.getresponse().status
+    conn.close()
+    return status
 
 
 def router_view(address: str) -> list[tuple]:
@@ -311,6 +321,38 @@ def test_a_rollout_with_nothing_to_change_restarts_nothing_and_no_worker_leaves_
     assert {h: unit_state(fleet[h]) for h in SERVERS} == before
     deploy = {h: json.loads((WORK / f"reports/deploy/{h}.json").read_text()) for h in SERVERS}
     assert all(d["result"] == "unchanged" and d["health"]["ok"] for d in deploy.values()), deploy
+    assert all(not files for files in lock_files(fleet).values())
+
+
+def test_a_worker_a_killed_rollout_left_out_of_the_router_is_put_back_by_the_next_rollout(fleet):
+    """A controller killed mid-batch never runs the batch's add-back (`always:`): its workers stay out of the
+    router, healthy. The next rollout proves each host where it runs (a generation) and puts back, under its fleet
+    lock and before it checks the budget, every worker proven healthy on the wanted version that is not in the
+    router; nothing restarts, and the report and the plan line name the worker."""
+    gw = fleet[GATEWAY]
+    left = SERVERS[1]
+    url = f"http://{fleet[left]['address']}:8000"
+    everyone = sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+    # what the killed run's batch did to this worker: DELETE /workers/<uuid> on the router (as the rollout's removal)
+    worker = next(w for w in router_workers(gw["address"]) if w["url"].rstrip("/") == url)
+    assert router_delete(gw["address"], worker["id"]) in (200, 202, 204)
+    deadline = time.monotonic() + 30
+    while url in [w["url"].rstrip("/") for w in router_workers(gw["address"]) if w["is_healthy"]]:
+        assert time.monotonic() < deadline, "the router still lists the worker as healthy"
+        time.sleep(0.5)
+    before = {h: unit_state(fleet[h]) for h in SERVERS}
+    proc = play("playbooks/rollout.yml", extra=common_extra(
+        rollout_serial=[1, "100%"], rollout_max_unavailable=3, sglang_server_args_host={"chunked-prefill-size": 4096},
+    ))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert f"put back into the router: {left};" in proc.stdout
+    assert "nothing to restart" in proc.stdout
+    report = json.loads((WORK / "reports/rollout/last.json").read_text())
+    assert report["result"] == "ok" and report["put_back"] == [left]
+    assert report["hosts"] == dict.fromkeys(SERVERS, "unchanged")
+    assert left in report["locked_hosts"]  # the worker went back under this run's fleet lock
+    assert sorted(w["url"].rstrip("/") for w in router_workers(gw["address"]) if w["is_healthy"]) == everyone
+    assert {h: unit_state(fleet[h]) for h in SERVERS} == before
     assert all(not files for files in lock_files(fleet).values())
 
 
