@@ -113,6 +113,27 @@ def boot_id(host: str) -> str:
     return lab("--name", NAME, "exec", host, "--", "cat", "/proc/sys/kernel/random/boot_id", check=False).stdout.strip()
 
 
+def boot_processes(host: str) -> str:
+    """The host's supervisor and every process under it: pid, state, kernel wait channel, age and command (a fresh-clone
+    CI once saw a second boot print nothing in 90 s while `status` said "Failed to connect to bus")."""
+    supervisor = state_of(NAME)["hosts"][host].get("supervisor_pid")
+    table = subprocess.run(
+        ["ps", "-eo", "pid=,ppid=,stat=,wchan:32=,etimes=,args="], capture_output=True, text=True, check=False
+    ).stdout.splitlines()
+    rows = {int(line.split()[0]): line for line in table if line.split()}
+    parent = {pid: int(line.split()[1]) for pid, line in rows.items()}
+    mine = [pid for pid in rows if pid == supervisor or any(p == supervisor for p in _ancestors(pid, parent))]
+    return "\n".join(rows[pid][:300] for pid in sorted(mine)) or f"no process under supervisor {supervisor}"
+
+
+def _ancestors(pid: int, parent: dict[int, int]):
+    seen = set()
+    while pid in parent and pid not in seen:
+        seen.add(pid)
+        pid = parent[pid]
+        yield pid
+
+
 def test_a_host_that_reboots_boots_again_like_a_vm(four_hosts):
     """`systemctl reboot` in a host ends its systemd-nspawn (exit 133); the host's supervisor boots it again, as a
     VM's hypervisor would, so that a reboot remedy (ansible.builtin.reboot) can be proven on the lab."""
@@ -132,7 +153,10 @@ def test_a_host_that_reboots_boots_again_like_a_vm(four_hosts):
         time.sleep(1)
     else:
         log = (STATE_ROOT / NAME / "hosts" / host / "nspawn.log").read_text(errors="replace")
-        pytest.fail(f"{host} did not come back from its reboot: {status}\nnspawn.log:\n{log[-3000:]}")
+        pytest.fail(
+            f"{host} did not come back from its reboot: {status}\nnspawn.log:\n{log[-3000:]}\n"
+            f"the host's processes (what a boot that never reaches its systemd is waiting on):\n{boot_processes(host)}"
+        )
     log = (STATE_ROOT / NAME / "hosts" / host / "nspawn.log").read_text()
     assert "the host rebooted (systemd-nspawn exit 133)" in log
     # /dev/shm is a new tmpfs (the simulated GPUs' state goes with it, as a real reboot frees GPU memory)
