@@ -283,6 +283,49 @@ def changing_rollout(sizes: list[int], chunked_prefill: int) -> tuple[dict, int]
     return real_rollout(sizes, other), other
 
 
+# The CPU figures of a batch's window that the comparisons on a kept lab (rollout_ab.py, rollout_cores.py) summarise.
+COMPARED_CPU_KEYS = ("controller_main_s", "controller_s", "server_hosts_without_engines_s", "machine_busy_s")
+
+
+def kept_lab_batches() -> list[int]:
+    """Batches of one server host and of every other one, on the lab a run with --keep-lab left (its gateway host
+    is not a server)."""
+    return [1, len(json.loads(lab("instances"))) - 2]
+
+
+def rollout_row(run: dict) -> dict:
+    """One rollout of a comparison: per batch its hosts, own overhead, the engines' stop and warm-up, and its CPU."""
+    timings = run["batch_timings"]
+    return {
+        "wall_s": run["wall_s"],
+        "hosts": [len(t["hosts"]) for t in timings],
+        "own_overhead_s": [t["own_overhead_s"] for t in timings],
+        "engine_stop_s": [t["engine_stop_s"] for t in timings],
+        "engine_start_to_ready_s": [t["engine_start_to_ready_s"] for t in timings],
+        "machine_cores_busy": [t["cpu_s"]["machine_cores_busy"] for t in timings],
+        **{k: [t["cpu_s"][k] for t in timings] for k in COMPARED_CPU_KEYS},
+    }
+
+
+def compared(rows: list[dict]) -> dict:
+    """Medians over the rollout_row()s of one side of a comparison (two batches each): own overhead per batch, its
+    growth per added host (the median of each rollout's), CPU per added host, cores busy per batch."""
+    added = rows[0]["hosts"][1] - rows[0]["hosts"][0]
+
+    def med(key: str, batch: int) -> float:
+        return round(statistics.median(r[key][batch] for r in rows), 3)
+
+    return {
+        "rollouts": len(rows),
+        "own_overhead_s": [med("own_overhead_s", 0), med("own_overhead_s", 1)],
+        "own_overhead_per_added_host_s": round(
+            statistics.median((r["own_overhead_s"][1] - r["own_overhead_s"][0]) / added for r in rows), 2
+        ),
+        "cpu_per_added_host_s": {k: round((med(k, 1) - med(k, 0)) / added, 2) for k in COMPARED_CPU_KEYS},
+        "machine_cores_busy": [med("machine_cores_busy", 0), med("machine_cores_busy", 1)],
+    }
+
+
 def per_added_host(runs: list[dict]) -> dict:
     """What each host added to a batch costs beyond the one-host batch (flat: 0), from the median over the runs of
     the first and the last batch: the overhead (wall - warm-up), the rollout's own (the engine's stop counted as

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -24,8 +23,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fleet_rollout  # noqa: E402  (the lab, the playbook runner and the CPU sampler)
-
-CPU_KEYS = ("controller_main_s", "controller_s", "server_hosts_without_engines_s", "machine_busy_s")
 
 
 def use(commit: str) -> None:
@@ -36,24 +33,6 @@ def use(commit: str) -> None:
         subprocess.run(["git", "checkout", commit, "--", folder], cwd=ROOT, check=True)
 
 
-def summary(rows: list[dict], code: str) -> dict:
-    mine = [r for r in rows if r["code"] == code]
-    added = mine[0]["hosts"][1] - mine[0]["hosts"][0]
-
-    def med(key: str, batch: int) -> float:
-        return round(statistics.median(r[key][batch] for r in mine), 3)
-
-    return {
-        "commit": mine[0]["commit"],
-        "rollouts": len(mine),
-        "own_overhead_s": [med("own_overhead_s", 0), med("own_overhead_s", 1)],
-        "own_overhead_per_added_host_s": round(
-            statistics.median((r["own_overhead_s"][1] - r["own_overhead_s"][0]) / added for r in mine), 2
-        ),
-        "cpu_per_added_host_s": {k: round((med(k, 1) - med(k, 0)) / added, 2) for k in CPU_KEYS},
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("a")
@@ -61,11 +40,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "rollout_ab.json"))
     args = parser.parse_args()
-    hosts = len(json.loads(subprocess.check_output(
-        [sys.executable, "-m", "gpufleet_lab", "--name", fleet_rollout.LAB, "instances"], env=fleet_rollout.LAB_ENV
-    )))  # fmt: skip
-    servers = hosts - 1  # the gateway host
-    sizes = [1, servers - 1]
+    sizes = fleet_rollout.kept_lab_batches()
     out = {
         "command": "python benchmarks/suite/rollout_ab.py " + " ".join(sys.argv[1:]),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -79,21 +54,13 @@ def main() -> None:
             for code, commit in order:
                 use(commit)
                 run, value = fleet_rollout.changing_rollout(sizes, 2048 if value == 4096 else 4096)
-                timings = run["batch_timings"]
-                row = {
-                    "code": code,
-                    "commit": commit,
-                    "wall_s": run["wall_s"],
-                    "hosts": [len(t["hosts"]) for t in timings],
-                    "own_overhead_s": [t["own_overhead_s"] for t in timings],
-                    "engine_stop_s": [t["engine_stop_s"] for t in timings],
-                    **{k: [t["cpu_s"][k] for t in timings] for k in CPU_KEYS},
-                }
+                row = {"code": code, "commit": commit, **fleet_rollout.rollout_row(run)}
                 out["rollouts"].append(row)
                 print(json.dumps(row), flush=True)
     finally:
         use("HEAD")
-    out["A"], out["B"] = summary(out["rollouts"], "A"), summary(out["rollouts"], "B")
+    for code, commit in (("A", args.a), ("B", args.b)):
+        out[code] = {"commit": commit, **fleet_rollout.compared([r for r in out["rollouts"] if r["code"] == code])}
     Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
     for code in ("A", "B"):
         print(code, json.dumps(out[code]))

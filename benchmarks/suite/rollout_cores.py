@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -29,8 +28,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fleet_rollout  # noqa: E402  (the lab, the playbook runner and the CPU sampler)
-
-CPU_KEYS = ("controller_main_s", "controller_s", "server_hosts_without_engines_s", "machine_busy_s")
 
 
 def pin_machine(cpus: set[int]) -> dict:
@@ -63,25 +60,6 @@ def engine_affinity() -> list[list[int]]:
     return seen
 
 
-def summary(rows: list[dict], cores: int) -> dict:
-    mine = [r for r in rows if r["cores"] == cores]
-    added = mine[0]["hosts"][1] - mine[0]["hosts"][0]
-
-    def med(key: str, batch: int) -> float:
-        return round(statistics.median(r[key][batch] for r in mine), 3)
-
-    return {
-        "cores": cores,
-        "rollouts": len(mine),
-        "own_overhead_s": [med("own_overhead_s", 0), med("own_overhead_s", 1)],
-        "own_overhead_per_added_host_s": round(
-            statistics.median((r["own_overhead_s"][1] - r["own_overhead_s"][0]) / added for r in mine), 2
-        ),
-        "cpu_per_added_host_s": {k: round((med(k, 1) - med(k, 0)) / added, 2) for k in CPU_KEYS},
-        "machine_cores_busy": [med("machine_cores_busy", 0), med("machine_cores_busy", 1)],
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
@@ -90,10 +68,7 @@ def main() -> None:
     all_cpus = os.sched_getaffinity(0)
     if len(all_cpus) < 2:
         raise SystemExit(f"this machine lets this process use {len(all_cpus)} CPU: nothing to compare")
-    hosts = len(json.loads(subprocess.check_output(
-        [sys.executable, "-m", "gpufleet_lab", "--name", fleet_rollout.LAB, "instances"], env=fleet_rollout.LAB_ENV
-    )))  # fmt: skip
-    sizes = [1, hosts - 2]  # the gateway host is not a server
+    sizes = fleet_rollout.kept_lab_batches()
     both = set(sorted(all_cpus)[:2])
     one = {min(both)}
     out = {
@@ -109,24 +84,18 @@ def main() -> None:
             for cpus in (one, both) if n % 2 == 0 else (both, one):
                 pinned = pin_machine(cpus)
                 run, value = fleet_rollout.changing_rollout(sizes, 2048 if value == 4096 else 4096)
-                timings = run["batch_timings"]
                 row = {
                     "cores": len(cpus),
                     "pinned": pinned,
                     "engines_allowed_on": engine_affinity(),
-                    "wall_s": run["wall_s"],
-                    "hosts": [len(t["hosts"]) for t in timings],
-                    "own_overhead_s": [t["own_overhead_s"] for t in timings],
-                    "engine_stop_s": [t["engine_stop_s"] for t in timings],
-                    "engine_start_to_ready_s": [t["engine_start_to_ready_s"] for t in timings],
-                    "machine_cores_busy": [t["cpu_s"]["machine_cores_busy"] for t in timings],
-                    **{k: [t["cpu_s"][k] for t in timings] for k in CPU_KEYS},
+                    **fleet_rollout.rollout_row(run),
                 }
                 out["rollouts"].append(row)
                 print(json.dumps(row), flush=True)
     finally:
         out["restored"] = pin_machine(all_cpus)
-    out["one_core"], out["two_cores"] = summary(out["rollouts"], 1), summary(out["rollouts"], 2)
+    for key, cores in (("one_core", 1), ("two_cores", 2)):
+        out[key] = {"cores": cores, **fleet_rollout.compared([r for r in out["rollouts"] if r["cores"] == cores])}
     Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
     for key in ("one_core", "two_cores"):
         print(key, json.dumps(out[key]))

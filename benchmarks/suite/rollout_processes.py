@@ -101,10 +101,7 @@ def main() -> None:
     args = parser.parse_args()
     if not shutil.which("accton") or not shutil.which("dump-acct"):
         raise SystemExit("needs the kernel's process accounting tools: apt-get install acct")
-    hosts = len(json.loads(subprocess.check_output(
-        [sys.executable, "-m", "gpufleet_lab", "--name", fleet_rollout.LAB, "instances"], env=fleet_rollout.LAB_ENV
-    )))  # fmt: skip
-    sizes = [1, hosts - 2]  # the gateway host is not a server
+    sizes = fleet_rollout.kept_lab_batches()
     spy = shutil.which("py-spy")
     work = Path(tempfile.mkdtemp(prefix="rollout-processes-"))
     pacct, raw = work / "pacct", work / "main.txt"

@@ -5,6 +5,7 @@ counters sampled every 0.2 s, where an engine's cgroup goes away and comes back 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,13 @@ def test_a_rollout_of_the_value_the_servers_run_is_followed_by_one_of_the_other_
     assert (calls, value, run["batch_timings"]) == ([2048, 4096], 4096, [{"hosts": ["h1"]}])
     calls.clear()
     assert bench.changing_rollout([1, 4], 4096)[1] == 4096 and calls == [4096]
+
+
+def test_a_comparison_takes_medians_per_batch_and_the_median_growth_per_added_host():
+    # benchmarks/results/rollout_cores.json: three rollouts per side in batches [1, 4], as the benchmark saved them
+    saved = json.loads((REPO / "benchmarks/results/rollout_cores.json").read_text())
+    for key, cores in (("one_core", 1), ("two_cores", 2)):
+        rows = [r for r in saved["rollouts"] if r["cores"] == cores]
+        assert {"cores": cores, **bench.compared(rows)} == saved[key]
+    one = bench.compared([r for r in saved["rollouts"] if r["cores"] == 1])
+    assert one["own_overhead_s"] == [7.681, 18.169] and one["own_overhead_per_added_host_s"] == 3.17
