@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import http.client as http_client
 import json
+import os
+import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +33,11 @@ description:
   - The workers' C(/health) and C(/v1/loads) are read concurrently (SGLang's C(/health) runs a one-token
     generation and answers after at least a second), so a batch of workers costs the time of one.
   - Run it on the gateway host (the router API is reached on I(api_url), usually 127.0.0.1).
+  - With I(workers_file), the gateway's record of the workers that should be in the router is kept beside it;
+    every worker removed here leaves the record before its C(DELETE), every worker healthy in the router after a
+    C(present) joins it. The router's launcher starts smg with the recorded workers (C(--worker-urls)), so a router
+    restart (a crash, an OOM kill, a reboot) comes back serving them without Ansible, and a worker a rollout took
+    out stays out.
 options:
   api_url: {type: str, default: "http://127.0.0.1:30000", description: Router base URL.}
   api_key: {type: str, required: true, no_log: true, description: Control-plane key (admin role).}
@@ -68,6 +77,25 @@ options:
       - With present, each worker must answer C(GET <url>/health) with 200 (this many seconds per request) before
         it is added; one that does not is not added and the module fails (a failed host never gets traffic).
         0 checks nothing before the C(POST).
+  workers_file:
+    type: path
+    description:
+      - The gateway's record of the workers that should be in the router (JSON, a C(workers) list of URLs, mode
+        0644, written atomically), read by the router's launcher at every start. absent takes I(urls) out of it
+        before the C(DELETE)s; present adds the URLs healthy in the router at the end (with I(exclusive) the record
+        becomes exactly those); query only reads it (C(recorded)). Unset, no record is read or kept.
+  restart_wait:
+    type: int
+    default: 30
+    description:
+      - Seconds, in all, to try an API call again while the router does not listen (a router restarted by systemd
+        listens again after a second or two). A C(POST) or C(DELETE) whose connection was dropped is not sent again.
+  service:
+    type: str
+    description:
+      - The router's systemd unit on this host. Its C(InvocationID) (new at every start of the unit, a restart by
+        systemd after a crash included) is returned as C(router_invocation), so a caller that compares two answers
+        knows whether the router restarted between them.
   leave_out_unhealthy:
     type: bool
     default: false
@@ -131,6 +159,15 @@ in_router_urls: {type: list, description: With present, the URLs asked for that 
 left_out:
   type: dict
   description: With leave_out_unhealthy, the URLs not added because their /health was not 200 (URL -> status, 0 none).
+router_invocation:
+  type: str
+  description: With service, the unit's systemd InvocationID (empty when systemd does not know the unit).
+router_unavailable_s:
+  type: float
+  description: Seconds this run waited for a router that did not listen (a restart under way).
+recorded:
+  type: list
+  description: With workers_file, the URLs the record holds at the end (the workers a router restart comes back with).
 drain:
   type: dict
   description:
@@ -151,11 +188,63 @@ def norm(url: str) -> str:
     return url.rstrip("/")
 
 
+def read_record(path: str | None) -> list[str]:
+    """The recorded worker URLs (none when there is no record yet); a record that is not ours fails loudly."""
+    if not path:
+        return []
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return []
+    if not isinstance(data, dict) or not isinstance(data.get("workers"), list):
+        raise ValueError(f'{path} is not a worker record ({{"workers": [...]}})')
+    return [norm(str(u)) for u in data["workers"]]
+
+
+def write_record(module: AnsibleModule, path: str | None, urls: list[str], before: list[str]) -> bool:
+    """Write the record (sorted, atomically, mode 0644: the router runs as its own user) when it differs."""
+    urls = sorted(set(urls))
+    if not path or urls == sorted(set(before)):
+        return False
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".workers-")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump({"workers": urls}, f, indent=1)
+        f.write("\n")
+    os.chmod(tmp, 0o644)
+    module.atomic_move(tmp, path)
+    return True
+
+
+def router_down(exc: BaseException, method: str) -> bool:
+    """The router is not listening (restarting: refused), or dropped a GET without an answer. A POST or DELETE whose
+    connection was dropped may have been applied: it is not sent again."""
+    reason = getattr(exc, "reason", exc)
+    if isinstance(reason, ConnectionRefusedError):
+        return True
+    return method == "GET" and isinstance(reason, (ConnectionResetError, http_client.RemoteDisconnected))
+
+
 class Router:
-    def __init__(self, base: str, key: str, timeout: int):
-        self.base, self.key, self.timeout = norm(base), key, timeout
+    def __init__(self, base: str, key: str, timeout: int, restart_wait: float = 0):
+        self.base, self.key, self.timeout, self.restart_wait = norm(base), key, timeout, restart_wait
+        self.waited_s = 0.0  # seconds this run waited for a router that did not listen
 
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        """One API call; while the router does not listen (a restart takes a few seconds) it is tried again every
+        0.5 s for at most restart_wait seconds in all."""
+        while True:
+            try:
+                return self._call(method, path, body)
+            except (OSError, http_client.HTTPException) as exc:
+                if not router_down(exc, method) or self.waited_s >= self.restart_wait:
+                    raise
+                time.sleep(0.5)
+                self.waited_s += 0.5
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.base + path, data=data, method=method)
         req.add_header("Authorization", f"Bearer {self.key}")
@@ -181,6 +270,18 @@ class Router:
         return [
             {k: w.get(k) for k in ("id", "url", "model_id", "is_healthy", "status")} for w in body.get("workers", [])
         ]
+
+
+def invocation(service: str | None) -> str:
+    """The systemd InvocationID of the router's unit ('' without a service or when systemd does not answer)."""
+    if not service:
+        return ""
+    try:
+        out = subprocess.run(["systemctl", "show", "-p", "InvocationID", "--value", service], capture_output=True,
+                             text=True, timeout=10, check=False).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.strip()
 
 
 def http_get(url: str, timeout: float) -> tuple[int, dict | None]:
@@ -262,12 +363,19 @@ def main() -> None:
             "drain_timeout": {"type": "int", "default": 0},
             "health_timeout": {"type": "int", "default": 0},
             "leave_out_unhealthy": {"type": "bool", "default": False},
+            "workers_file": {"type": "path"},
+            "restart_wait": {"type": "int", "default": 30},
+            "service": {"type": "str"},
         },
         supports_check_mode=True,
     )
     p = module.params
-    router = Router(p["api_url"], p["api_key"], p["http_timeout"])
+    router = Router(p["api_url"], p["api_key"], p["http_timeout"], p["restart_wait"])
     wanted = [norm(u) for u in p["urls"]]
+    try:
+        recorded = read_record(p["workers_file"])
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg=f"worker record not readable: {exc}")
     try:
         current = router.workers()
     except (OSError, RuntimeError) as exc:
@@ -302,7 +410,16 @@ def main() -> None:
         removed = [{"url": u, "id": by_url[u]["id"]} for u in wanted if u in by_url]
     changed = bool(added or removed)
     if module.check_mode or p["state"] == "query":
-        module.exit_json(changed=changed, workers=current, added=added, removed=removed)
+        module.exit_json(
+            changed=changed, workers=current, added=added, removed=removed, recorded=recorded,
+            router_invocation=invocation(p["service"]), router_unavailable_s=router.waited_s,
+        )  # fmt: skip
+
+    # a worker leaves the record before its DELETE: a router restart from here on does not bring it back
+    record_changed = False
+    if p["state"] == "absent":
+        record_changed = write_record(module, p["workers_file"], [u for u in recorded if u not in wanted], recorded)
+        recorded = [u for u in recorded if u not in wanted]
 
     # with absent and drain_timeout, every URL asked for is drained (also one the router did not list)
     at_removal = {}
@@ -348,8 +465,14 @@ def main() -> None:
         time.sleep(0.5)
     drained = drain_all(at_removal, p["drain_timeout"], p["http_timeout"]) if at_removal else {}
     healthy = sorted(u for u in wanted if u in urls and urls[u].get("is_healthy")) if p["state"] == "present" else []
+    if p["state"] == "present":
+        keep = [] if p["exclusive"] else recorded
+        record_changed = write_record(module, p["workers_file"], keep + healthy, recorded)
+        recorded = sorted(set(keep + healthy))
     module.exit_json(
-        changed=changed, workers=workers, added=added, removed=removed, drain=drained, left_out=left_out,
+        changed=changed or record_changed, workers=workers, added=added, removed=removed, drain=drained,
+        left_out=left_out, recorded=recorded if p["workers_file"] else [],
+        router_invocation=invocation(p["service"]), router_unavailable_s=router.waited_s,
         in_router=p["state"] == "present" and not left_out, in_router_urls=healthy,
         draining=sorted(u for u in gone if u in urls),
     )  # fmt: skip

@@ -7,12 +7,41 @@ line are visible in the unit file, `systemctl show`, `ps` and /proc/<pid>/cmdlin
 GPUFLEET_SMG_CONTROL_PLANE_API_KEYS (one 'id:name:role:key' per line) from an EnvironmentFile of mode 0600;
 this launcher removes it from the environment and hands the entries to smg's own parser in this process
 (smg.launch_router.parse_router_args + launch_router, what `smg launch` runs), so they never reach an argv.
+
+It also starts smg with the workers that should be in the router: the gateway's record (GPUFLEET_SMG_WORKERS_FILE,
+JSON {"workers": [<url>, ...]}, kept by gpufleet.fleet.fleet_router_workers at every add and removal) becomes
+`--worker-urls`. smg submits startup workers as background registration jobs, each probed before it is listed
+(smg server.rs `Job::InitializeWorkersFromConfig`, workflow/job_queue.rs), so the router listens at once and a
+crash, an OOM kill or a reboot of the gateway comes back serving the recorded workers that answer, without Ansible.
+A worker a rollout took out is not in the record, so it stays out. No record: no workers (the first deploy).
 """
 
+import json
 import os
 import sys
 
 ENV_NAME = "GPUFLEET_SMG_CONTROL_PLANE_API_KEYS"
+WORKERS_ENV = "GPUFLEET_SMG_WORKERS_FILE"
+
+
+def recorded_workers(path: str) -> list[str]:
+    """The record's worker URLs; a missing record is none, an unreadable one is said in the journal and is none
+    (the router must come up: the next add or removal writes the record again)."""
+    if not path:
+        return []
+    try:
+        with open(path, encoding="utf-8") as f:
+            urls = json.load(f)["workers"]
+        if not isinstance(urls, list) or not all(isinstance(u, str) and u.startswith("http") for u in urls):
+            raise ValueError("'workers' is not a list of http(s) URLs")
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"gpufleet-smg-launch: worker record {path} not usable ({exc}): starting with no worker", file=sys.stderr)
+        return []
+    print(f"gpufleet-smg-launch: starting with the {len(urls)} recorded worker(s) of {path}: {' '.join(urls)}",
+          file=sys.stderr)  # fmt: skip
+    return urls
 
 
 def main() -> None:
@@ -21,9 +50,11 @@ def main() -> None:
     if not entries:
         # The worker-management API of smg answers anyone when no key is configured: refuse to start.
         sys.exit(f"gpufleet-smg-launch: {ENV_NAME} is empty: the gateway's worker API would be open to anyone")
+    workers = recorded_workers(os.environ.get(WORKERS_ENV, ""))
     from smg.launch_router import launch_router, parse_router_args
 
-    launch_router(parse_router_args([*sys.argv[1:], "--control-plane-api-keys", *entries]))
+    argv = [*sys.argv[1:], *(["--worker-urls", *workers] if workers else []), "--control-plane-api-keys", *entries]
+    launch_router(parse_router_args(argv))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@ and a worker whose /health is not 200 is never added to the router."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -130,6 +132,7 @@ def router():
             self.answer(202)
 
         def do_DELETE(self):  # noqa: N802
+            state.get("on_delete", lambda: None)()
             worker_id = self.path.rsplit("/", 1)[1]
             url = state["workers"].pop(worker_id, worker_id)
             state["calls"].append(("DELETE", url))
@@ -267,3 +270,92 @@ def test_a_runtime_the_router_does_not_know_is_refused_before_any_call(router, c
     result, failed = run_module(MODULE, args, capsys)
     assert failed and "runtime" in result["msg"] and "sglang, vllm" in result["msg"], result
     assert router["calls"] == []
+
+
+def test_the_worker_record_follows_every_add_and_removal(router, worker, capsys, tmp_path):
+    """The gateway's record of the workers that should be in the router (read by the router's launcher at every
+    start): a present adds the workers healthy in the router at the end (not one left out for its /health), an absent
+    takes its workers out of the record before its DELETE, so a router restart at any moment after the removal
+    starts without them."""
+    record = tmp_path / "smg-router" / "workers.json"
+    down = "http://127.0.0.1:9"
+    seen_at_delete = []
+    router["on_delete"] = lambda: seen_at_delete.append(json.loads(record.read_text())["workers"])
+    base = {"api_url": router["url"], "api_key": "k", "workers_file": str(record)}
+    result, failed = run_module(MODULE, {**base, "state": "present", "urls": [worker["url"], down],
+                                         "health_timeout": 2, "leave_out_unhealthy": True}, capsys)  # fmt: skip
+    assert not failed, result
+    assert json.loads(record.read_text()) == {"workers": [worker["url"]]} and result["recorded"] == [worker["url"]]
+    assert oct(record.stat().st_mode & 0o777) == "0o644"  # the router reads it as its own user
+    # the same again: nothing to add, the record unchanged: changed false
+    result, failed = run_module(MODULE, {**base, "state": "present", "urls": [worker["url"]]}, capsys)
+    assert not failed and result["changed"] is False, result
+    result, failed = run_module(MODULE, {**base, "state": "query"}, capsys)
+    assert result["recorded"] == [worker["url"]] and result["changed"] is False
+    result, failed = run_module(MODULE, {**base, "state": "absent", "urls": [worker["url"]]}, capsys)
+    assert not failed and result["changed"] is True, result
+    assert seen_at_delete == [[]]  # out of the record before the router was asked to remove it
+    assert json.loads(record.read_text()) == {"workers": []} and result["recorded"] == []
+
+
+def test_exclusive_makes_the_record_exactly_the_healthy_workers(router, worker, capsys, tmp_path):
+    record = tmp_path / "workers.json"
+    record.write_text(json.dumps({"workers": ["http://10.0.0.9:8000"]}))
+    args = {"api_url": router["url"], "api_key": "k", "workers_file": str(record), "state": "present",
+            "urls": [worker["url"]], "exclusive": True}  # fmt: skip
+    result, failed = run_module(MODULE, args, capsys)
+    assert not failed, result
+    assert json.loads(record.read_text()) == {"workers": [worker["url"]]}
+
+
+def test_a_record_that_is_not_a_worker_record_fails_before_any_router_call(router, capsys, tmp_path):
+    record = tmp_path / "workers.json"
+    record.write_text('["http://10.0.0.9:8000"]')
+    # a key of more than one letter: Ansible masks a no_log value wherever it appears in the result
+    args = {"api_url": router["url"], "api_key": "router-key-0123456789", "workers_file": str(record),
+            "state": "absent", "urls": ["http://10.0.0.9:8000"]}  # fmt: skip
+    result, failed = run_module(MODULE, args, capsys)
+    assert failed and f"worker record not readable: {record} is not a worker record" in result["msg"], result
+    assert router["calls"] == []
+
+
+def test_a_router_that_restarts_is_waited_for_within_the_bound():
+    """A router restarted by systemd does not listen for a second or two: an API call is tried again (every 0.5 s,
+    restart_wait seconds in all) instead of failing the rollout's step; past the bound the refusal is raised."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            data = json.dumps({"workers": []}).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    def start_later():
+        time.sleep(1.2)
+        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        started.append(server)
+        server.serve_forever()
+
+    started: list = []
+    with pytest.raises(OSError):
+        frw.Router(f"http://127.0.0.1:{port}", "k", 2, restart_wait=0).call("GET", "/workers")
+    threading.Thread(target=start_later, daemon=True).start()
+    router = frw.Router(f"http://127.0.0.1:{port}", "k", 2, restart_wait=10)
+    try:
+        assert router.workers() == []
+    finally:
+        for server in started:
+            server.shutdown()
+    assert 1.0 <= router.waited_s <= 3.0
+    # a POST whose connection was dropped may have been applied: never sent again
+    assert frw.router_down(ConnectionRefusedError(), "POST") is True
+    assert frw.router_down(http.client.RemoteDisconnected(), "POST") is False
+    assert frw.router_down(http.client.RemoteDisconnected(), "GET") is True
