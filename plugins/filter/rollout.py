@@ -173,6 +173,35 @@ def rollout_multinode_problems(hosts: list, hostvars, groups) -> list[str]:
     ]
 
 
+# Why a host of the run is out of the router at the end, by its rollout state (roles/rollout tasks/host.yml).
+_OUT_WHY = {
+    "failed": "its restart failed and it was not proven healthy again",
+    "rolled_back": "rolled back, but its /health did not answer 200 at the add-back",
+    "refused": "refused before its restart, and its /health did not answer 200 at the add-back",
+    "not_readded": "deployed, but the router did not take it back",
+    "gate_failed": "its deploy report did not pass the gate",
+    "untouched": "it was out of the router before this run reached it",
+    "unchanged": "it was out of the router and this run did not put it back",
+    "updated": "deployed, but out of the router at the end",
+    "bench_gate_failed": "deployed, but out of the router at the end",
+}
+
+
+def rollout_router_account(states: dict, urls: dict, workers: list) -> dict:
+    """Where every host of the run is at the end, from the router's own list (not from what the run meant to do):
+    ``{"in": [hosts healthy in the router], "out": {host: why}}``; ``why`` follows the host's rollout state (a host
+    out of the router that the run did not take out says so)."""
+    healthy = {str(w.get("url", "")).rstrip("/") for w in workers or [] if w.get("is_healthy")}
+    account = {"in": [], "out": {}}
+    for host in sorted(states):
+        if str(urls.get(host, "")).rstrip("/") in healthy:
+            account["in"].append(host)
+        else:
+            state = str(states[host])
+            account["out"][host] = f"{state}: {_OUT_WHY.get(state, 'out of the router at the end')}"
+    return account
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -184,4 +213,5 @@ class FilterModule:
             "rollout_decisions": rollout_decisions,
             "rollout_multinode_problems": rollout_multinode_problems,
             "rollout_setting_differences": rollout_setting_differences,
+            "rollout_router_account": rollout_router_account,
         }

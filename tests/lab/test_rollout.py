@@ -2,6 +2,8 @@
 Shepherd Model Gateway (smg 1.13.0, roles/fleet_router), the simulated engine on the servers.
 
 In order, on the same lab (one bring-up):
+0. a router killed with SIGKILL under load comes back (systemd) serving every worker of the gateway's record within
+   seconds, without Ansible; a worker taken out of the router on purpose stays out across such a restart;
 1. a plan that would take the last healthy worker of the model out of the router is refused before any change;
 2. a full rollout of a flag change under a continuous load through the router (streaming and non-streaming,
    long requests in flight when each worker leaves the router) sees zero failed requests; a second rollout
@@ -11,9 +13,12 @@ In order, on the same lab (one bring-up):
    runs, nothing restarts;
 4. a worker left out of the router (what a rollout killed mid-batch leaves: its add-back never ran) is put back by
    the next rollout, which proves it healthy where it runs; nothing restarts;
-5. a rollout of another flag change with a start fault on the third host stops at that batch: the host is
-   rolled back and out of the router, the fourth is untouched (same unit, same start), the first two keep
-   the new flag; exit status and report say so.
+5. a rollout whose router is killed (SIGKILL) while its first batch is out of it carries on: systemd restarts the
+   router with the gateway's record (without the batch's workers), the add-back puts them in, the second batch runs;
+   at the end every worker is in, and the report says the router restarted;
+6. a rollout of another flag change with a start fault on the third host stops at that batch: the host is
+   rolled back and, proven healthy on its previous version, back in the router; the fourth is untouched (same
+   unit, same start), the first two keep the new flag; exit status, report and last line say so.
 """
 
 from __future__ import annotations
@@ -111,6 +116,7 @@ class Load:
         self.stop = threading.Event()
         self.ok = {"stream": 0, "plain": 0}
         self.failures: list[str] = []
+        self.failed_at: list[float] = []  # time.monotonic() of each failure
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(workers)]
 
@@ -153,6 +159,8 @@ class Load:
             except Exception as exc:  # every failure counts, whatever its kind
                 with self.lock:
                     self.failures.append(f"worker {index} request {n}: {exc!r}")
+                    self.failed_at.append(time.monotonic())
+                time.sleep(0.2)  # a client that backs off a little, not a busy loop against a router that is down
 
     def __enter__(self):
         for t in self.threads:
@@ -213,6 +221,80 @@ def test_router_serves_the_fleet_and_keeps_its_key_out_of_argv(fleet):
     assert recap(again.stdout)[GATEWAY]["changed"] == 0, changed_tasks(again.stdout)
     assert on(gw, "systemctl show -p MainPID --value smg-router").strip() == pid
     assert sorted(w["url"] for w in router_workers(gw["address"]) if w["is_healthy"]) == urls
+
+
+RECORD = "/var/lib/smg-router/workers.json"  # fleet_router_workers_file's default
+REMOVE = """
+- name: Take one worker out of the router as a rollout's batch does (the module, with the gateway's record)
+  hosts: fleet_routers
+  gather_facts: false
+  tasks:
+    - name: Remove it
+      gpufleet.fleet.fleet_router_workers:
+        api_key: "{{ fleet_router_control_plane_api_key }}"
+        state: absent
+        urls: ["{{ url }}"]
+        workers_file: "{{ record }}"
+"""
+
+
+def healthy_urls(address: str) -> list[str]:
+    return sorted(w["url"].rstrip("/") for w in router_workers(address) if w["is_healthy"])
+
+
+def kill_router_and_wait(gw: dict, wanted: list[str], bound_s: float = 30) -> tuple[float, float]:
+    """SIGKILL of smg's main process (a crash or an OOM kill); the time of the kill and the seconds until the router
+    (restarted by systemd, no Ansible) lists exactly `wanted` as healthy."""
+    killed_at = time.monotonic()
+    on(gw, "kill -9 $(systemctl show -p MainPID --value smg-router)")
+    while True:
+        try:
+            if healthy_urls(gw["address"]) == wanted:
+                return killed_at, time.monotonic() - killed_at
+        except (OSError, AssertionError, http.client.HTTPException):
+            pass  # the router is down or restarting: its API does not answer yet
+        assert time.monotonic() - killed_at < bound_s, f"the router did not list {wanted} within {bound_s} s"
+        time.sleep(0.2)
+
+
+def test_a_killed_router_comes_back_serving_its_recorded_workers_without_ansible(fleet):
+    """The router stage recorded the four workers on the gateway; smg killed with SIGKILL under load is restarted by
+    systemd and its launcher starts it with the recorded workers: every worker is healthy in it again within seconds,
+    with no Ansible run, and only the requests around the kill fail (the count and the seconds are printed)."""
+    gw = fleet[GATEWAY]
+    everyone = sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+    assert json.loads(on(gw, f"cat {RECORD}")) == {"workers": everyone}
+    restarts = int(on(gw, "systemctl show -p NRestarts --value smg-router"))
+    with Load(gw["address"], workers=4, limit_s=90) as load:
+        time.sleep(3)  # serving through the router before the kill
+        killed_at, back_s = kill_router_and_wait(gw, everyone)
+        served_before = sum(load.ok.values())
+        time.sleep(5)  # and serving again after it
+    assert int(on(gw, "systemctl show -p NRestarts --value smg-router")) == restarts + 1
+    print(f"router SIGKILL under load: {len(load.failures)} failed requests, all within "
+          f"{max(load.failed_at, default=killed_at) - killed_at:.1f} s of the kill; every worker healthy in the "
+          f"restarted router {back_s:.1f} s after it")  # fmt: skip
+    assert back_s < 15
+    assert all(killed_at - 1 <= t <= killed_at + back_s + 2 for t in load.failed_at), load.failures[:5]
+    assert sum(load.ok.values()) > served_before  # served again after the restart
+    journal = on(gw, "journalctl -u smg-router --no-pager -n 400")
+    assert f"starting with the 4 recorded worker(s) of {RECORD}" in journal
+
+    # A worker taken out on purpose (what a rollout's batch does) leaves the record first: a restart keeps it out.
+    out = f"http://{fleet[SERVERS[0]]['address']}:8000"
+    (WORK / "remove-worker.yml").write_text(REMOVE)
+    proc = play(str(WORK / "remove-worker.yml"), extra={"url": out, "record": RECORD})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rest = [u for u in everyone if u != out]
+    assert json.loads(on(gw, f"cat {RECORD}")) == {"workers": rest}
+    kill_router_and_wait(gw, rest)
+    time.sleep(3)  # longer than a registration (about 2 s): the removed worker does not come back
+    assert healthy_urls(gw["address"]) == rest
+    # The router stage registers every server that answers /health, and records it.
+    again = play("playbooks/router.yml")
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert healthy_urls(gw["address"]) == everyone
+    assert json.loads(on(gw, f"cat {RECORD}")) == {"workers": everyone}
 
 
 def test_plan_taking_the_last_healthy_worker_is_refused_before_any_change(fleet):
@@ -356,6 +438,46 @@ def test_a_worker_a_killed_rollout_left_out_of_the_router_is_put_back_by_the_nex
     assert all(not files for files in lock_files(fleet).values())
 
 
+def test_a_router_killed_in_the_middle_of_a_rollout_comes_back_and_the_rollout_says_so(fleet):
+    gw = fleet[GATEWAY]
+    everyone = sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+    first = sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS[:2])
+    extra = common_extra(
+        rollout_serial=[2], rollout_max_unavailable=2, sglang_server_args_host={"chunked-prefill-size": 6144}
+    )
+    vars_file = WORK / "rollout-kill.json"
+    vars_file.write_text(json.dumps(extra))
+    argv = ["ansible-playbook", "-i", str(WORK / "hosts.yml"), "-e", f"@{vars_file}", "playbooks/rollout.yml"]
+    rollout = subprocess.Popen(
+        argv, cwd=ROOT, env=playbook_env(EXTRA_ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        # the first batch's workers left the gateway's record (before their DELETE): kill the router then
+        deadline = time.monotonic() + 300
+        while json.loads(on(gw, f"cat {RECORD}"))["workers"] != [u for u in everyone if u not in first]:
+            assert rollout.poll() is None and time.monotonic() < deadline, "the first batch never left the router"
+            time.sleep(0.3)
+        restarts = int(on(gw, "systemctl show -p NRestarts --value smg-router"))
+        on(gw, "kill -9 $(systemctl show -p MainPID --value smg-router)")
+        out, _ = rollout.communicate(timeout=540)
+    finally:
+        if rollout.poll() is None:
+            rollout.kill()
+    (WORK / "rollout-kill.log").write_text(out)
+    assert rollout.returncode == 0, out[-4000:]
+    report = json.loads((WORK / "reports/rollout/last.json").read_text())
+    assert report["result"] == "ok" and set(report["hosts"].values()) == {"updated"}, report["hosts"]
+    assert report["router_restarted"] is True
+    assert int(on(gw, "systemctl show -p NRestarts --value smg-router")) == restarts + 1
+    assert report["router"] == {"in": sorted(SERVERS), "out": {}}
+    assert "The router restarted during this run" in " ".join(out.split())
+    assert healthy_urls(gw["address"]) == everyone
+    assert json.loads(on(gw, f"cat {RECORD}")) == {"workers": everyone}
+    for h in SERVERS:
+        assert "--chunked-prefill-size 6144" in unit_text(fleet[h])
+    assert all(not files for files in lock_files(fleet).values())
+
+
 def test_fault_on_the_third_host_stops_the_rollout_there(fleet):
     gw = fleet[GATEWAY]
     third, fourth = SERVERS[2], SERVERS[3]
@@ -379,10 +501,15 @@ def test_fault_on_the_third_host_stops_the_rollout_there(fleet):
     for h in SERVERS[:2]:
         assert "--chunked-prefill-size 8192" in unit_text(fleet[h])
     third_unit = unit_text(fleet[third])
-    assert "--chunked-prefill-size 4096" in third_unit and "SGLANG_SIM_FAULT" not in third_unit
+    assert "--chunked-prefill-size 6144" in third_unit and "SGLANG_SIM_FAULT" not in third_unit
     assert unit_state(fleet[third])["start"] != before[third]["start"]
     assert unit_state(fleet[fourth]) == before[fourth]
-    # The router: the third is out, the others are in and healthy.
+    # The router: the third rolled back and, proven healthy on the version it served before, is back in it; so the
+    # fleet keeps its capacity. The report and the last line say where each host is, from the router's own list.
     urls = sorted(w["url"] for w in router_workers(gw["address"]) if w["is_healthy"])
-    assert urls == sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS if h != third)
+    assert urls == sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+    assert report["router"] == {"in": sorted(SERVERS), "out": {}}
+    assert report["router_restarted"] is False
+    assert f"In the router: {', '.join(sorted(SERVERS))}." in " ".join(proc.stdout.split())
+    assert json.loads(on(gw, f"cat {RECORD}")) == {"workers": urls}
     assert all(not files for files in lock_files(fleet).values())
