@@ -112,3 +112,49 @@ def test_once_the_holder_is_gone_the_deploy_goes_through(host, server_before, se
     assert "--max-running-requests 32" in host.file(UNIT_PATH).content_string
     assert health(host) == "200"
     assert report(HOST)["result"] == "ok"
+
+
+CUSTOM = {"sglang_server_service_name": "sglang-a", **SMALL_DISK}
+
+
+def custom_props(host) -> dict:
+    out = host.check_output("systemctl show sglang-a.service --property=MainPID,ActiveState,InvocationID")
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def test_a_custom_service_name_is_ours_and_any_other_units_gpu_processes_are_not(host, server_refused, intruder):
+    """gpu_facts' preflight takes the service's own unit from sglang_server_service_name (playbooks/vars/fleet.yml):
+    with sglang-a, the engine still running as sglang-server.service is another program, refused in the first
+    stage before any stage changes the host; once it is stopped the fleet deploys as sglang-a, deploys a changed
+    flag (its own processes are ours, not foreign) and rolls back to the version before."""
+    rc, out = run_playbook("deploy.yml", {**CUSTOM, **CHANGED})
+    out = " ".join(out.split())
+    assert rc != 0 and "PREFLIGHT FAILED on sglang-01" in out, out[-3000:]
+    assert "GPUs are held by processes that are not the SGLang service" in out and "(sglang-server.service)" in out
+    assert "gpu_facts_own_service_units=['sglang-a.service']" in out
+    for stage in ("cuda_toolkit :", "ml_env :", "model_weights :"):
+        assert f"TASK [{stage}" not in out
+    assert not host.file("/etc/systemd/system/sglang-a.service").exists
+
+    host.check_output("systemctl disable --now sglang-server.service")
+    rc, out = run_playbook("deploy.yml", {**CUSTOM, **CHANGED})
+    assert rc == 0, out[-3000:]
+    first = custom_props(host)
+    assert first["ActiveState"] == "active" and health(host) == "200"
+    assert "--max-running-requests 32" in host.file("/etc/systemd/system/sglang-a.service").content_string
+
+    # the redeploy of a changed flag: preflight counts sglang-a's processes as the server's own
+    rc, out = run_playbook("deploy.yml", {**CUSTOM, "sglang_server_args_host": {"max-running-requests": 16}})
+    assert rc == 0, out[-3000:]
+    assert "preflight OK on sglang-01" in " ".join(out.split())
+    second = custom_props(host)
+    assert second["MainPID"] != first["MainPID"] and health(host) == "200"
+    assert "--max-running-requests 16" in host.file("/etc/systemd/system/sglang-a.service").content_string
+
+    rc, out = run_playbook("playbooks/rollback.yml", CUSTOM)
+    assert rc == 0, out[-3000:]
+    assert custom_props(host)["ActiveState"] == "active" and health(host) == "200"
+    assert "--max-running-requests 32" in host.file("/etc/systemd/system/sglang-a.service").content_string
+    r = report(HOST)
+    assert r["result"] == "rolled_back" and r["rollback"]["healthy"] is True, r
+    assert r["server"]["unit"] == "sglang-a.service"
