@@ -148,3 +148,15 @@ def test_row8_a_removed_key_leaves_no_copy_on_the_host(ctx):
     assert left == "", f"copies of the removed key: {left}"
     assert on(ctx["host"], "ls /var/lib/gpufleet/sglang-server/previous-good/secrets.env").strip()
     assert health(ctx["host"]["address"]) == 200
+
+
+def test_a_served_model_name_that_clients_cannot_send_as_is_is_refused(ctx):
+    # Only ':' was refused (SGLang's own rule): a name with a space restarted the server under a model id that the
+    # router's model matching and a /v1/models/<id> URL do not take as is.
+    refused_untouched(
+        ctx,
+        "deploy.yml",
+        {"sglang_server_args_host": {"served-model-name": "glm 5"}},
+        'served-model-name "glm 5" must be 1-256 letters, digits and . _ - /',
+        "rename it in sglang_server_args_*",
+    )
