@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import hmac
 import json
 import os
 import time
@@ -121,17 +122,48 @@ def controller_paths(value) -> list[str]:
     return []
 
 
-def value_digest(name: str, value) -> str:
-    """A short digest of one input: its templated value and the controller paths it names."""
+# The key of the input digests: a random key made once on the controller and never sent anywhere. The record on each
+# server holds keyed digests (HMAC-SHA256) of every input, the secrets among them (API key, hub token, the router's
+# control-plane key): with root on a server, a weak secret cannot be guessed offline from its digest without this key.
+KEY_FILE_ENV = "GPUFLEET_CONVERGED_KEY_FILE"
+DEFAULT_KEY_FILE = "~/.config/gpufleet/converged-digest.key"
+
+
+def digest_key(path: str | None = None) -> bytes:
+    """The controller's digest key (32 random bytes, mode 0600), made on first use."""
+    path = os.path.expanduser(path or os.environ.get(KEY_FILE_ENV) or DEFAULT_KEY_FILE)
+    try:
+        with open(path, "rb") as handle:
+            key = handle.read()
+        if len(key) >= 32:
+            return key
+    except FileNotFoundError:
+        pass
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    key = os.urandom(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(key)
+    return key
+
+
+def key_id(key: bytes) -> str:
+    """Names the key in the record (a hash of 32 random bytes says nothing of the inputs): a record made with another
+    key (another controller) is told apart from inputs that changed."""
+    return "hmac-sha256:" + hashlib.sha256(b"gpufleet converged key id\0" + key).hexdigest()[:12]
+
+
+def value_digest(name: str, value, key: bytes) -> str:
+    """A short keyed digest of one input: its templated value and the controller paths it names."""
     text = json.dumps(value, sort_keys=True, default=str)
     paths = {p: path_digest(p) for p in controller_paths(value)}
     blob = f"{name}\0{text}\0{json.dumps(paths, sort_keys=True)}"
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+    return hmac.new(key, blob.encode(), hashlib.sha256).hexdigest()[:20]
 
 
-def input_digests(variables: dict, template, code: str, ansible_version: str) -> dict:
-    """{code, ansible, vars: {name: digest}} of a host's inputs; ``template(value)`` templates one value (a value
-    that cannot be templated yet, as one naming a fact of this run, counts as written)."""
+def input_digests(variables: dict, template, code: str, ansible_version: str, key: bytes) -> dict:
+    """{code, ansible, digest, vars: {name: digest}} of a host's inputs, keyed by ``key``; ``template(value)`` templates
+    one value (a value that cannot be templated yet, as one naming a fact of this run, counts as written)."""
     facts = set((variables.get("ansible_facts") or {}).keys())
     facts |= {"ansible_" + f for f in facts}
     digests = {}
@@ -143,9 +175,9 @@ def input_digests(variables: dict, template, code: str, ansible_version: str) ->
             value = template(raw)
         except Exception:  # noqa: BLE001  (undefined now: a fact of this run; the text is the input)
             value = raw
-        digests[name] = value_digest(name, value)
-    digests["group_names"] = value_digest("group_names", sorted(variables.get("group_names") or []))
-    return {"code": code, "ansible": ansible_version, "vars": digests}
+        digests[name] = value_digest(name, value, key)
+    digests["group_names"] = value_digest("group_names", sorted(variables.get("group_names") or []), key)
+    return {"code": code, "ansible": ansible_version, "digest": key_id(key), "vars": digests}
 
 
 def multinode_peers(variables: dict) -> list:
@@ -258,15 +290,17 @@ class ActionModule(ActionBase):
         """The digests of this host's inputs now (input_digests, with a multi-node server's peers)."""
         root = os.path.dirname(os.path.dirname(task_vars["role_path"]))
         variables = self._inventory_variables(task_vars)
+        key = digest_key()
         inputs = input_digests(
             variables,
             self._templar.template,
             code_digest(root),
             str((task_vars.get("ansible_version") or {}).get("full", "")),
+            key,
         )
         peers = multinode_peers(variables)
         if peers:
-            inputs["vars"]["multinode_peers"] = value_digest("multinode_peers", peers)
+            inputs["vars"]["multinode_peers"] = value_digest("multinode_peers", peers, key)
         return inputs
 
     def _inventory_variables(self, task_vars: dict) -> dict:

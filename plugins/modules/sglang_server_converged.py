@@ -275,6 +275,10 @@ def read_unit(unit, runner=run):
 def input_differences(recorded, inputs):
     """Lines naming what changed between the recorded inputs and this run's."""
     lines = []
+    if recorded.get("digest") != inputs.get("digest"):
+        # keyed by another controller's key, or made before keyed digests: no digest can be compared
+        return ["the record's input digests were made with another key (another controller, or a gpufleet before "
+                "keyed digests): every input counts as changed"]  # fmt: skip
     if recorded.get("code") != inputs.get("code"):
         lines.append("gpufleet's code changed (roles, playbooks, plugins, templates or locks)")
     if recorded.get("ansible") != inputs.get("ansible"):

@@ -24,8 +24,12 @@ RELEASE = "/opt/ml-env/releases/a28a7bf89509d9bb"
 MODEL = "/srv/models/gpufleet-lab--tiny-model/93e8c171601ec816319e60454f222900eb5c1d96"
 
 
+KEY = b"k" * 32  # the controller's digest key in these tests
+
+
 def inputs(**variables):
-    return {"code": "c0de", "ansible": "2.19.14", "vars": {k: action.value_digest(k, v) for k, v in variables.items()}}
+    digests = {k: action.value_digest(k, v, KEY) for k, v in variables.items()}
+    return {"code": "c0de", "ansible": "2.19.14", "digest": action.key_id(KEY), "vars": digests}
 
 
 def converged_record(closure, gpus, recorded_inputs):
@@ -177,10 +181,10 @@ def test_inputs_are_the_hosts_variables_not_ansibles_own_nor_facts_nor_the_switc
             raise ValueError("lab_revision is undefined")
         return value
 
-    digests = action.input_digests(variables, template, "c0de", "2.19.14")
+    digests = action.input_digests(variables, template, "c0de", "2.19.14", KEY)
     assert set(digests["vars"]) == {"sglang_server_args_host", "ansible_host", "group_names", "model_weights_revision"}
     assert digests["vars"]["model_weights_revision"] == action.value_digest(
-        "model_weights_revision", "{{ lab_revision }}"
+        "model_weights_revision", "{{ lab_revision }}", KEY
     )
     assert (digests["code"], digests["ansible"]) == ("c0de", "2.19.14")
 
@@ -188,15 +192,15 @@ def test_inputs_are_the_hosts_variables_not_ansibles_own_nor_facts_nor_the_switc
 def test_a_controller_file_named_by_an_input_counts_by_size_and_mtime(tmp_path):
     runfile = tmp_path / "cuda.run"
     runfile.write_text("one")
-    before = action.value_digest("cuda_toolkit_runfile_url", str(runfile))
+    before = action.value_digest("cuda_toolkit_runfile_url", str(runfile), KEY)
     runfile.write_text("two, longer")
-    assert action.value_digest("cuda_toolkit_runfile_url", str(runfile)) != before
+    assert action.value_digest("cuda_toolkit_runfile_url", str(runfile), KEY) != before
     # a directory (a wheelhouse, the reports) is not read: what comes from it is pinned by a lock or a revision
     folder = tmp_path / "reports"
     folder.mkdir()
-    empty = action.value_digest("sglang_server_report_dir", str(folder))
+    empty = action.value_digest("sglang_server_report_dir", str(folder), KEY)
     (folder / "a.json").write_text("{}")
-    assert action.value_digest("sglang_server_report_dir", str(folder)) == empty
+    assert action.value_digest("sglang_server_report_dir", str(folder), KEY) == empty
 
 
 def test_the_code_digest_follows_any_file_of_the_collection_and_ignores_bytecode(tmp_path):
@@ -303,3 +307,32 @@ def test_one_report_task_renews_every_converged_hosts_report_in_its_own_folder(t
 def test_the_module_refuses_a_call_without_its_record_path(run_module, mode):
     result, failed = run_module("sglang_server_converged", {"mode": mode, "inputs": {}})
     assert failed and "record_path" in result["msg"]
+
+
+def test_secrets_are_digested_with_a_key_that_stays_on_the_controller(tmp_path, monkeypatch):
+    """The record on a server holds keyed digests (HMAC-SHA256 with the controller's random key, made once, mode
+    0600): the digest of a weak secret is not the plain SHA-256 anyone could compute from a guess, and another key
+    gives other digests."""
+    import hashlib
+
+    key_file = tmp_path / "gpufleet" / "converged-digest.key"
+    monkeypatch.setenv(action.KEY_FILE_ENV, str(key_file))
+    key = action.digest_key()
+    assert len(key) == 32 and oct(key_file.stat().st_mode & 0o777) == "0o600"
+    assert action.digest_key() == key  # made once, then read
+    secret = "password1"
+    digest = action.value_digest("sglang_server_api_key", secret, key)
+    blob = f"sglang_server_api_key\0{json.dumps(secret)}\0{{}}".encode()
+    assert digest != hashlib.sha256(blob).hexdigest()[:20]  # the unkeyed digest of a guess does not match
+    assert digest != action.value_digest("sglang_server_api_key", secret, b"o" * 32)
+    assert secret not in json.dumps(action.input_digests({"sglang_server_api_key": secret}, str, "c", "a", key))
+
+
+def test_a_record_keyed_by_another_controller_counts_every_input_as_changed():
+    recorded = inputs(sglang_server_api_key="s3cret-one")
+    now = {**inputs(sglang_server_api_key="s3cret-one"), "digest": action.key_id(b"o" * 32)}
+    assert module.input_differences(recorded, now) == [
+        "the record's input digests were made with another key (another controller, or a gpufleet before keyed "
+        "digests): every input counts as changed"
+    ]
+    assert module.input_differences(recorded, inputs(sglang_server_api_key="s3cret-one")) == []
