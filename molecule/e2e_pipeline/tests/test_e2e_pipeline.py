@@ -10,6 +10,8 @@ each changes what it should and nothing else.
   rollback   playbooks/rollback.yml: version A serves again, with the staged model
   hand edit  the unit edited by hand: the next deploy.yml goes through every stage, restores it and records it
   no-op      deploy.yml again: the host is as recorded, proven in place by a generation, no stage runs
+  hung       one scheduler rank killed (the unit stays active, the engine no longer generates): a plain deploy.yml
+             restarts it and it answers; the same with a new version that fails to start rolls back to the last good
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "roles" / "sglang_server" / "molecule" / "shared"))
 
-from sglang_molecule import UNIT_PATH, ask, flag, health, props, report, run_playbook, serving  # noqa: E402
+from sglang_molecule import ROOT, UNIT_PATH, ask, flag, health, props, report, run_playbook, serving  # noqa: E402
 
 HOST = "e2e-01"
 CUDA_HOME = "/usr/local/cuda-12.8"
@@ -144,8 +147,57 @@ def test_the_next_deploy_proves_the_host_in_place_and_skips_every_stage(host, de
     stages = out.split("PLAY [Preflight", 1)[1]
     assert stages.count("skipping: no hosts matched") >= STAGE_PLAYS and "TASK [" not in stages, out[-4000:]
     recap = re.search(rf"^{HOST}\s+: ok=(\d+)\s+changed=(\d+)\s", out, re.M)
-    assert recap and int(recap[1]) <= 6 and recap[2] == "0", out[-2000:]  # the check's few tasks, no stage
+    # the check's few tasks, no stage; two of them are the run's own refusals, run once (no server host in the
+    # inventory or the --limit, playbooks/servers_present.yml; sglang_server_serial's range, converged.yml)
+    assert recap and int(recap[1]) <= 7 and recap[2] == "0", out[-2000:]
     assert serving(host)["engine"]["pid"] == before["engine"]["pid"]  # nothing restarted
     r = report(HOST)
     assert r["result"] == "unchanged" and r["health"]["ok"] is True and r["converged"]["fast_path"] is True
     assert r["versions"]["ml_env_release"] == deployed["release"] and r["restart_reasons"] == []
+
+
+def kill_scheduler_rank(host, rank: int) -> None:
+    """SIGKILL of one tensor-parallel rank's scheduler (the simulated engine runs one scheduler process per rank, as
+    SGLang does): the unit stays active, nothing restarts it, and the engine no longer generates."""
+    pid = host.check_output(
+        "for p in $(cat /sys/fs/cgroup/system.slice/sglang-server.service/cgroup.procs); do "
+        f"tr '\\0' ' ' < /proc/$p/cmdline | grep -qE -- '--tp-rank {rank}( |$)' && echo $p; done; true"
+    ).split()
+    assert len(pid) == 1, pid
+    host.check_output(f"kill -9 {pid[0]}")
+    host.check_output("for i in $(seq 60); do curl -s -m 5 -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health "
+                      "| grep -qx 200 || exit 0; sleep 0.5; done; exit 1")  # fmt: skip
+    assert props(host)["ActiveState"] == "active" and props(host)["NRestarts"] == "0"
+
+
+def test_a_killed_scheduler_rank_is_healed_by_a_plain_deploy(host, deployed):
+    """A running server with nothing to change that fails its proof is broken: deploy.yml restarts it through the safe
+    path (stop with the engine's drain, start, proof; a failed restart rolls back) and says why in the report."""
+    kill_scheduler_rank(host, 3)
+    before = props(host)
+    rc, out = run_playbook("deploy.yml")
+    flat = " ".join(out.split())
+    assert rc == 0, out[-4000:]
+    assert f"{HOST}: restart: running server failed its health check by generation" in flat, out[-4000:]
+    assert props(host)["MainPID"] != before["MainPID"]
+    assert_answers(host)
+    r = report(HOST)
+    assert r["result"] == "ok" and r["health"]["ok"] is True
+    assert any("running server failed its health check by generation" in x for x in r["restart_reasons"]), r
+
+
+def test_a_killed_scheduler_rank_and_a_failing_restart_roll_back_to_the_last_good_version(host, deployed):
+    """The same broken server, and a deploy whose new version fails to start: the last-known-good version (the one
+    the broken server ran) serves again, healthy, and the deploy says it rolled back."""
+    env = yaml.safe_load((ROOT / "inventory/lab/group_vars/gpufleet_lab/sglang_server.yml").read_text())
+    fault = {**env["sglang_server_environment"], "SGLANG_SIM_FAULT": "crash-after-load"}
+    kill_scheduler_rank(host, 3)
+    rc, out = run_playbook("deploy.yml", {"sglang_server_environment": fault,
+                                          "sglang_server_args_host": {"max-running-requests": 48}})  # fmt: skip
+    assert rc != 0, out[-4000:]
+    r = report(HOST)
+    assert r["result"] == "rolled_back" and r["rollback"]["healthy"] is True, r
+    unit = host.file(UNIT_PATH).content_string
+    assert "SGLANG_SIM_FAULT" not in unit and "--max-running-requests 48" not in unit
+    assert unit_sha(host) == deployed["unit_sha"]
+    assert_answers(host)
