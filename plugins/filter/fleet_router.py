@@ -32,6 +32,16 @@ def fleet_worker_urls(hosts: list, hostvars, port, groups=None) -> dict:
     }
 
 
+def fleet_shared_addresses(hosts: list, hostvars) -> dict:
+    """{address: [hosts]} of the addresses (ansible_host, else the inventory name) that more than one of ``hosts``
+    has: gpufleet runs one server per host, and two server hosts on one machine share its GPUs, port and unit."""
+    by_address: dict = {}
+    for host in hosts:
+        address = str(hostvars[host].get("ansible_host") or host).strip().lower()
+        by_address.setdefault(address, []).append(host)
+    return {address: names for address, names in by_address.items() if len(names) > 1}
+
+
 def smg_extra_argv(extra: dict) -> list[str]:
     """{flag: value} -> argv: true = a bare --flag, false/None = left out, a list = the flag with several values."""
     argv: list[str] = []
@@ -52,6 +62,7 @@ class FilterModule:
     def filters(self):
         return {
             "fleet_worker_urls": fleet_worker_urls,
+            "fleet_shared_addresses": fleet_shared_addresses,
             "smg_extra_argv": smg_extra_argv,
             "sglang_multinode_nodes": multinode_nodes,
         }

@@ -593,7 +593,8 @@ def _check_gpus_idle(c):
                 "stopped on this host",
                 f"gpu_facts.processes ({len(holders)} foreign process(es))",
                 f"gpu_facts_own_service_units={sorted(own)}",
-                holders_remedy(holders) + "; if a holder is ours, add its systemd unit to gpu_facts_own_service_units",
+                holders_remedy(holders) + "; a holder in another gpufleet server's unit (one deployed under an earlier "
+                "sglang_server_service_name) is stopped with systemctl disable --now <that unit>",
             )
         )
     with_process = {p.get("gpu_index") for p in processes}

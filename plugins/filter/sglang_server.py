@@ -200,6 +200,17 @@ def sglang_arg(args, option, default=None, table_path=None):
     return default
 
 
+def sglang_flag_layer(layers, option, table_path=None) -> str:
+    """The flag layer (``{layer variable: mapping}``, lowest first, as sglang_merge_flags takes them) whose value of
+    ``option`` (any spelling) the merged flags hold: the highest layer that sets it. A message about the value then
+    names the variable to fix, not ``sglang_server_args_*``; ``sglang_server_args_*`` when no layer sets it."""
+    found = "sglang_server_args_*"
+    for name, layer in (layers or {}).items():
+        if isinstance(layer, dict) and sglang_arg(layer, option, None, table_path) is not None:
+            found = name
+    return found
+
+
 def sglang_merge_flags(layers, table_path=None) -> dict:
     """The one merge of the inventory's flag layers (``{layer variable: mapping}``, lowest first).
 
@@ -373,6 +384,17 @@ def sglang_api_key_problem(key) -> str:
     text = "" if key is None else str(key)
     if not text:
         return ""
+    return _api_key_why(text) and (_api_key_why(text) + API_KEY_FIX)
+
+
+# What every refusal of a key says to do instead (the key itself is never shown).
+API_KEY_FIX = (
+    ". Fix: choose another key of printable ASCII that does not start with '-' (e.g. the output of "
+    '`openssl rand -hex 32`) and keep it in a vault: sglang_server_api_key: "{{ vault_sglang_server_api_key }}"'
+)
+
+
+def _api_key_why(text: str) -> str:
     for i, ch in enumerate(text):
         if ord(ch) > 0x7E:
             return (
@@ -471,6 +493,7 @@ class FilterModule:
             "sglang_arg": _wrap(sglang_arg),
             "sglang_gpu_indices": _wrap(sglang_gpu_indices),
             "sglang_merge_flags": _wrap(sglang_merge_flags),
+            "sglang_flag_layer": _wrap(sglang_flag_layer),
             "sglang_parallel": _wrap(sglang_parallel),
             "systemd_exec_args": _wrap(systemd_exec_args),
             "systemd_environment": _wrap(systemd_environment),

@@ -13,6 +13,7 @@ gpufleet.fleet.job_wait reads with ``cat`` and prints the progress of, as it doe
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import time
 from pathlib import Path
@@ -59,6 +60,35 @@ def journal_progress(unit: str, invocation_id: str, started_at: float, status: i
     }
 
 
+# SGLang 0.5.9 http_server.health_generate logs this when /health's one-token generation got no answer within
+# SGLANG_HEALTH_CHECK_TIMEOUT (20 s) and then answers 503; the simulated engine logs the same (lab/sglang-sim app.py).
+HEALTH_FAILED = re.compile(r"Health check failed\. Server couldn't get a response")
+# The line of a failed start's log that says why, when it says it (uvicorn's bind error, a Python or CUDA error), shown
+# in the failure message itself and not only in the report's journal excerpt.
+CAUSE = re.compile(
+    r"\[Errno \d+\]|address already in use|\b\w*(Error|Exception)\b:|CUDA error|out of memory|Initialization failed"
+)
+# How often, while /health is not 200, the journal is read for an engine that said it is ready but does not generate.
+HUNG_LOOK_S = 5.0
+
+
+def hung_after_ready(entries: list, status: int) -> str:
+    """Why an engine that logged "fired up and ready" does not become healthy ('' while nothing says so): after its
+    ready line, a failed health check in its log, or /health answering 503 (an answer: 0.5.9 answers 503 after
+    start-up only when its health generation failed or it is shutting down)."""
+    ready_at = next((t["at"] for t in phase_timeline(entries) if t["phase"] == "ready"), None)
+    if ready_at is None:
+        return ""
+    failed = [msg for ts, msg in entries if ts >= ready_at and HEALTH_FAILED.search(msg)]
+    if not failed and status != 503:
+        return ""
+    seen = f"its log says '{failed[-1].strip()[:160]}'" if failed else "/health answered 503"
+    return (
+        f"the engine logged that it is fired up and ready, but {seen}: its health check by generation gets no token "
+        "(the engine hangs after start-up); not waiting for the timeout"
+    )
+
+
 def wait_ready(unit: str, invocation_id: str, n_restarts: int, p: dict, no_log_values: set) -> dict:
     """Wait until ``p['url']`` (/health) answers 200, failing fast on a crash or a restart loop of this start
     (its InvocationID, NRestarts) and after ``p['timeout']`` s since the process started; then, with ``p['smoke']``
@@ -72,6 +102,7 @@ def wait_ready(unit: str, invocation_id: str, n_restarts: int, p: dict, no_log_v
     status = 0
     ready_at = None
     failure = None
+    next_hung_look = time.monotonic() + HUNG_LOOK_S
     while True:
         status, _body, _secs = http("GET", p["url"], timeout=max(p["poll"], 5))
         if status == 200:
@@ -90,6 +121,11 @@ def wait_ready(unit: str, invocation_id: str, n_restarts: int, p: dict, no_log_v
                 f"SubState={state['sub_state']}, Result={state['result']}, ExecMainStatus={state['exec_main_status']})"
             )
             break
+        if time.monotonic() >= next_hung_look:
+            next_hung_look = time.monotonic() + HUNG_LOOK_S
+            failure = hung_after_ready(journal_lines(unit, invocation_id), status) or None
+            if failure:
+                break
         elapsed = time.time() - started_at
         if elapsed > p["timeout"]:
             failure = f"not ready {elapsed:.0f} s after the start (timeout {p['timeout']:.0f} s)"
@@ -128,12 +164,18 @@ def wait_ready(unit: str, invocation_id: str, n_restarts: int, p: dict, no_log_v
     if failure:
         tail = [msg for _ts, msg in entries[-p["tail_lines"] :]]
         last = next((m for m in reversed(tail) if m.strip()), "")
+        cause = next((msg.strip() for _ts, msg in entries if CAUSE.search(msg)), "")
+        if cause and cause != last.strip():
+            failure = f"{failure}; the log says: {cause[:300]}"
         return {
             **result,
             "state": "failed",
             "journal_tail": tail,
             "failed": True,
-            "msg": f"{failure}; last phase: {result['phase']}; last log line: {last.strip()[:300]}",
+            "msg": (
+                f"{failure}; last phase: {result['phase']}; /health answered {status or 'nothing'}; "
+                f"last log line: {last.strip()[:300]}"
+            ),
         }
     if not p["smoke"]:
         return result

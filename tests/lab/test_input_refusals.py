@@ -128,7 +128,7 @@ def test_row5_bad_flags_and_a_taken_port_are_refused_in_preflight(ctx):
             ctx,
             "deploy.yml",
             {"sglang_server_args_host": args},
-            "mem-fraction-static=1.2",
+            "mem-fraction-static=1.2 must be a number in (0, 1) (set in sglang_server_args_host)",
             "--max-running-request is not an option",
             "served-model-name glm:5",
             "port 8123 is taken by another program",
@@ -158,5 +158,5 @@ def test_a_served_model_name_that_clients_cannot_send_as_is_is_refused(ctx):
         "deploy.yml",
         {"sglang_server_args_host": {"served-model-name": "glm 5"}},
         'served-model-name "glm 5" must be 1-256 letters, digits and . _ - /',
-        "rename it in sglang_server_args_*",
+        "rename it in sglang_server_args_host",
     )

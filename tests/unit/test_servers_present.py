@@ -61,3 +61,21 @@ def test_a_bad_serial_is_refused_by_the_first_play_whether_or_not_the_hosts_are_
     assert proc.returncode == 2, out[-2000:]
     assert 'sglang_server_serial="abc" is out of range: a positive integer or a percentage' in out
     assert "Compare inputs and unit with the last converged deploy" not in out  # refused before any host is read
+
+
+def test_two_server_hosts_with_one_address_are_refused_naming_them(tmp_path):
+    """One server per inventory host: two names for one machine (its GPUs, port, unit and directories shared; the
+    router would reach one server under both names) are refused before any host is contacted, whatever their ssh
+    ports."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  children:\n    sglang_servers:\n      hosts:\n"
+        "        gpu-01: {ansible_host: 192.0.2.10}\n"
+        "        gpu-01b: {ansible_host: 192.0.2.10, ansible_port: 2222}\n"
+        "        gpu-02: {ansible_host: 192.0.2.11}\n"
+    )
+    proc = run(inventory, "deploy.yml")
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode == 2, out[-2000:]
+    assert "One address, several server hosts: gpu-01, gpu-01b have the address 192.0.2.10." in out
+    assert "gpufleet runs one SGLang server per inventory host" in out and "gpu-02" not in out.split("PLAY RECAP")[0]

@@ -160,8 +160,7 @@ def kill_scheduler_rank(host, rank: int) -> None:
     """SIGKILL of one tensor-parallel rank's scheduler (the simulated engine runs one scheduler process per rank, as
     SGLang does): the unit stays active, nothing restarts it, and the engine no longer generates."""
     pid = host.check_output(
-        "for p in $(cat /sys/fs/cgroup/system.slice/sglang-server.service/cgroup.procs); do "
-        f"tr '\\0' ' ' < /proc/$p/cmdline | grep -qE -- '--tp-rank {rank}( |$)' && echo $p; done; true"
+        f"ps -eo pid=,args= | grep -E -- 'sglang_sim[.]scheduler .*--tp-rank {rank}( |$)' | awk '{{print $1}}'"
     ).split()
     assert len(pid) == 1, pid
     host.check_output(f"kill -9 {pid[0]}")

@@ -180,11 +180,15 @@ def systemd_env_file_value(line: str) -> str:
         ("tab\there", "control character at position 4"),
         ("trailing ", "ends with whitespace"),
         ("-dash-first", "starts with '-'"),
+        ("---", "starts with '-'"),
     ],
 )
 def test_keys_sglang_0_5_9_cannot_compare_are_refused_without_showing_them(key, words):
     problem = f.sglang_api_key_problem(key)
     assert words in problem and key not in problem
+    # every refusal says what to do instead
+    assert "Fix: choose another key of printable ASCII that does not start with '-'" in problem
+    assert "openssl rand -hex 32" in problem and "vault_sglang_server_api_key" in problem
 
 
 @pytest.mark.parametrize("key", [k for k in HOSTILE if k.isascii() and "\t" not in k and not k.startswith("-")])

@@ -141,3 +141,50 @@ def test_a_crashed_start_fails_fast_naming_the_unit_state(fake_systemd, tmp_path
     assert time.monotonic() - started < 5
     assert result["failed"] is True
     assert result["msg"].startswith("sglang-server.service is no longer running during start-up (ActiveState=failed")
+
+
+READY_LINE = "The server is fired up and ready to roll!"
+HEALTH_FAILED = (
+    "Health check failed. Server couldn't get a response from detokenizer for last 20 seconds. tic start time: "
+    "12:00:01. last_heartbeat time: 12:00:00"
+)
+
+
+def test_an_engine_hung_after_ready_is_named_without_waiting_for_the_timeout(fake_systemd, monkeypatch, tmp_path):
+    """SGLang logs "fired up and ready", then its /health generation gets no token: 0.5.9 logs "Health check failed"
+    and answers 503. The wait says so within seconds (it waited the whole start-up timeout, 120 s by default, and
+    then said "not ready ... last phase: ready")."""
+    now = time.time()
+    monkeypatch.setattr(ready, "journal_lines", lambda *a, **k: [(now - 30, READY_LINE), (now - 5, HEALTH_FAILED)])
+    args = {"url": "http://127.0.0.1:9/health", "timeout": 120, "job_file": str(tmp_path / "j.json"), "smoke": {}}
+    started = time.monotonic()
+    result = ready.wait_ready("sglang-server.service", "inv-1", 0, args, set())
+    assert time.monotonic() - started < 15
+    assert result["failed"] is True
+    assert result["msg"].startswith(
+        "the engine logged that it is fired up and ready, but its log says 'Health check failed. Server couldn't get "
+        "a response from detokenizer"
+    ), result["msg"]
+    assert "(the engine hangs after start-up); not waiting for the timeout; last phase: ready;" in result["msg"]
+
+
+def test_what_counts_as_hung_after_ready():
+    assert ready.hung_after_ready([(1.0, "Load weight begin")], 503) == ""  # 503 while starting is normal
+    assert ready.hung_after_ready([(1.0, READY_LINE)], 0) == ""  # no answer yet: the check may still run
+    assert "/health answered 503" in ready.hung_after_ready([(1.0, READY_LINE)], 503)
+    assert "its log says" in ready.hung_after_ready([(1.0, READY_LINE), (2.0, HEALTH_FAILED)], 0)
+    assert ready.hung_after_ready([(1.0, HEALTH_FAILED), (2.0, READY_LINE)], 0) == ""  # before ready: not this case
+
+
+def test_a_failed_start_names_the_cause_its_log_gives(fake_systemd, monkeypatch, tmp_path):
+    """A start that failed says why in the message itself (it was only in the report's journal excerpt): here
+    uvicorn's bind error, followed by the lines of the shutdown it causes."""
+    bind = "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use"
+    lines = [(1.0, "INFO:     Started server process [42]"), (2.0, bind), (3.0, "INFO:     Waiting for shutdown.")]
+    monkeypatch.setattr(ready, "journal_lines", lambda *a, **k: lines)
+    fake_systemd.update(active_state="failed", sub_state="failed", main_pid=0, result="exit-code", exec_main_status=1)
+    args = {"url": "http://127.0.0.1:9/health", "timeout": 30, "job_file": str(tmp_path / "j.json"), "smoke": {}}
+    result = ready.wait_ready("sglang-server.service", "inv-1", 0, args, set())
+    assert result["failed"] is True
+    assert f"; the log says: {bind};" in result["msg"], result["msg"]
+    assert result["msg"].endswith("last log line: INFO:     Waiting for shutdown.")

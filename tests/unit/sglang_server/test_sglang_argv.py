@@ -171,3 +171,18 @@ def test_parallel_layout_problems_name_the_flag():
     par = f.sglang_parallel({"tp-size": 8, "dp-size": 2, "enable-dp-attention": True, "nnodes": 2})
     assert (par["world"], par["per_node"], par["problems"]) == (8, 4, [])
     assert "not divisible by nnodes=3" in f.sglang_parallel({"tp-size": 8, "nnodes": 3})["problems"][0]
+
+
+def test_a_merged_value_names_the_layer_that_set_it():
+    """A refusal of a merged flag names the variable to fix: the highest layer that sets the option, in any
+    spelling; a layer that removes it (null) does not count; none: the layers' family name."""
+    layers = {
+        "sglang_server_args_common": {"mem-fraction-static": 0.9, "tp-size": 8, "pp-size": 1},
+        "sglang_server_args_gpu_class": {"mem-fraction-static": 1.2, "tensor-parallel-size": 4},
+        "sglang_server_args_model": {},
+        "sglang_server_args_host": {"pp-size": None},
+    }
+    assert f.sglang_flag_layer(layers, "mem-fraction-static") == "sglang_server_args_gpu_class"
+    assert f.sglang_flag_layer(layers, "tp-size") == "sglang_server_args_gpu_class"  # the other spelling
+    assert f.sglang_flag_layer(layers, "pp-size") == "sglang_server_args_common"
+    assert f.sglang_flag_layer(layers, "port") == "sglang_server_args_*"

@@ -71,9 +71,21 @@ FAULTS = {
     "port-taken": {
         "vars": {},
         "message": CRASHED_AT_START,
+        # the cause is in the failure message itself, not only in the journal excerpt after it
+        "cause": "the log says: ERROR: [Errno 98] error while attempting to bind on address",
         "phase": "start",
         "journal": ["address already in use"],
         "not_reached": [READY],
+    },
+    "hang-after-ready": {
+        "vars": {},
+        # named as soon as the engine's own health check fails after its ready line (about 20 s), not after the
+        # start-up timeout (120 s) as "not ready"
+        "message": "the engine logged that it is fired up and ready, but",
+        "cause": "(the engine hangs after start-up); not waiting for the timeout",
+        "phase": "start",
+        "journal": ["fault injection active: hang-after-ready", READY, "Health check failed"],
+        "not_reached": [],
     },
 }
 
@@ -113,6 +125,9 @@ def test_host_failed_with_a_clear_message(bad_deploy, fault):
     assert rc != 0
     assert f"SGLANG SERVER DEPLOY FAILED on {HOST} in phase {FAULTS[fault]['phase']} " in out
     assert says(out, FAULTS[fault]["message"]), out[-3000:]
+    if "cause" in FAULTS[fault]:  # in the message, before the rollback's account and the journal excerpt
+        message = " ".join(out.split(f"SGLANG SERVER DEPLOY FAILED on {HOST}", 1)[1].split("==>", 1)[0].split())
+        assert FAULTS[fault]["cause"] in message, message
     assert "ROLLED BACK: restored the last-known-good version (release sim-a" in out
     assert "Journal excerpt of the failed start:" in out
     assert "failed=1" in out.split("PLAY RECAP")[-1]

@@ -130,7 +130,7 @@ def test_a_custom_service_name_is_ours_and_any_other_units_gpu_processes_are_not
     rc, out = run_playbook("deploy.yml", {**CUSTOM, **CHANGED})
     out = " ".join(out.split())
     assert rc != 0 and "PREFLIGHT FAILED on sglang-01" in out, out[-3000:]
-    assert "GPUs are held by processes that are not the SGLang service" in out and "(sglang-server.service)" in out
+    assert "GPUs are held by processes that are not the SGLang service" in out and "(unit sglang-server.service)" in out
     assert "gpu_facts_own_service_units=['sglang-a.service']" in out
     for stage in ("cuda_toolkit :", "ml_env :", "model_weights :"):
         assert f"TASK [{stage}" not in out
