@@ -72,7 +72,7 @@ FAULTS = {
         "vars": {},
         "message": CRASHED_AT_START,
         # the cause is in the failure message itself, not only in the journal excerpt after it
-        "cause": "the log says: ERROR: [Errno 98] error while attempting to bind on address",
+        "cause": "ERROR: [Errno 98] error while attempting to bind on address",
         "phase": "start",
         "journal": ["address already in use"],
         "not_reached": [READY],

@@ -124,9 +124,11 @@ def custom_props(host) -> dict:
 
 def test_a_custom_service_name_is_ours_and_any_other_units_gpu_processes_are_not(host, server_refused, intruder):
     """gpu_facts' preflight takes the service's own unit from sglang_server_service_name (playbooks/vars/fleet.yml):
-    with sglang-a, the engine still running as sglang-server.service is another program, refused in the first
-    stage before any stage changes the host; once it is stopped the fleet deploys as sglang-a, deploys a changed
-    flag (its own processes are ours, not foreign) and rolls back to the version before."""
+    with sglang-a, the engine still running as sglang-server.service is another program, refused in deploy.yml's
+    first stage before any stage changes the host; once it is stopped the fleet deploys as sglang-a, passes preflight
+    with sglang-a running (its processes are ours; a deploy under the default name now calls them foreign), deploys
+    a changed flag and rolls back to the version before. (This scenario has no lab mirror, hub or wheelhouse for the
+    CUDA, ml-env and weights stages: the server stage runs alone after preflight.)"""
     rc, out = run_playbook("deploy.yml", {**CUSTOM, **CHANGED})
     out = " ".join(out.split())
     assert rc != 0 and "PREFLIGHT FAILED on sglang-01" in out, out[-3000:]
@@ -137,16 +139,21 @@ def test_a_custom_service_name_is_ours_and_any_other_units_gpu_processes_are_not
     assert not host.file("/etc/systemd/system/sglang-a.service").exists
 
     host.check_output("systemctl disable --now sglang-server.service")
-    rc, out = run_playbook("deploy.yml", {**CUSTOM, **CHANGED})
+    rc, out = run_playbook("playbooks/deploy_server.yml", {**CUSTOM, **CHANGED})
     assert rc == 0, out[-3000:]
     first = custom_props(host)
     assert first["ActiveState"] == "active" and health(host) == "200"
     assert "--max-running-requests 32" in host.file("/etc/systemd/system/sglang-a.service").content_string
 
-    # the redeploy of a changed flag: preflight counts sglang-a's processes as the server's own
-    rc, out = run_playbook("deploy.yml", {**CUSTOM, "sglang_server_args_host": {"max-running-requests": 16}})
+    # preflight with sglang-a running: its processes are the server's own; under the default name they are not
+    rc, out = run_playbook("playbooks/preflight.yml", CUSTOM)
+    assert rc == 0 and "preflight OK on sglang-01" in " ".join(out.split()), out[-3000:]
+    rc, out = run_playbook("playbooks/preflight.yml", SMALL_DISK)
+    assert rc != 0 and "(unit sglang-a.service)" in " ".join(out.split()), out[-3000:]
+
+    sixteen = {"sglang_server_args_host": {"max-running-requests": 16}}
+    rc, out = run_playbook("playbooks/deploy_server.yml", {**CUSTOM, **sixteen})
     assert rc == 0, out[-3000:]
-    assert "preflight OK on sglang-01" in " ".join(out.split())
     second = custom_props(host)
     assert second["MainPID"] != first["MainPID"] and health(host) == "200"
     assert "--max-running-requests 16" in host.file("/etc/systemd/system/sglang-a.service").content_string
