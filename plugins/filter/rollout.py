@@ -188,10 +188,15 @@ _OUT_WHY = {
 
 
 def rollout_router_account(states: dict, urls: dict, workers: list) -> dict:
-    """Where every host of the run is at the end, from the router's own list (not from what the run meant to do):
+    """Where every host of the run is at the end, from the router's own list (not from what the run meant to do;
+    ``workers``: the router's workers, or the URLs healthy in every gateway, rollout_gateway_view's ``healthy``):
     ``{"in": [hosts healthy in the router], "out": {host: why}}``; ``why`` follows the host's rollout state (a host
     out of the router that the run did not take out says so)."""
-    healthy = {str(w.get("url", "")).rstrip("/") for w in workers or [] if w.get("is_healthy")}
+    healthy = {
+        str(w.get("url", "") if isinstance(w, dict) else w).rstrip("/")
+        for w in workers or []
+        if not isinstance(w, dict) or w.get("is_healthy")
+    }
     account = {"in": [], "out": {}}
     for host in sorted(states):
         if str(urls.get(host, "")).rstrip("/") in healthy:
@@ -200,6 +205,42 @@ def rollout_router_account(states: dict, urls: dict, workers: list) -> dict:
             state = str(states[host])
             account["out"][host] = f"{state}: {_OUT_WHY.get(state, 'out of the router at the end')}"
     return account
+
+
+def rollout_gateway_view(results) -> dict:
+    """One view of the fleet's gateways from a fleet_router_workers task looped over them (its registered
+    ``results``, one per gateway, ``item`` the gateway host). A worker counts as in the router only when every
+    gateway lists it healthy (a client may reach any of them); ``in_router_urls`` likewise (added back everywhere);
+    ``left_out`` and ``drain`` are the union (the drain runs on the last gateway, once the worker left every one);
+    ``invocations`` maps each gateway to its router unit's systemd InvocationID."""
+    results = [r for r in (results or []) if isinstance(r, dict) and not r.get("skipped")]
+
+    def common(sets: list) -> list:
+        return sorted(set.intersection(*sets)) if sets else []
+
+    healthy, in_router, by_gateway, invocations = [], [], {}, {}
+    left_out, drain, failed = {}, {}, {}
+    for r in results:
+        gateway = str(r.get("item", ""))
+        urls = {str(w.get("url", "")).rstrip("/") for w in r.get("workers") or [] if w.get("is_healthy")}
+        healthy.append(urls)
+        by_gateway[gateway] = sorted(urls)
+        in_router.append(set(r.get("in_router_urls") or []))
+        invocations[gateway] = r.get("router_invocation", "")
+        left_out.update(r.get("left_out") or {})
+        drain.update(r.get("drain") or {})
+        if r.get("failed"):
+            failed[gateway] = str(r.get("msg", ""))
+    return {
+        "healthy": common(healthy),
+        "in_router_urls": common(in_router),
+        "by_gateway": by_gateway,
+        "invocations": invocations,
+        "left_out": left_out,
+        "drain": drain,
+        "failed": failed,
+        "unavailable_s": max((float(r.get("router_unavailable_s") or 0) for r in results), default=0.0),
+    }
 
 
 class FilterModule:
@@ -214,4 +255,5 @@ class FilterModule:
             "rollout_multinode_problems": rollout_multinode_problems,
             "rollout_setting_differences": rollout_setting_differences,
             "rollout_router_account": rollout_router_account,
+            "rollout_gateway_view": rollout_gateway_view,
         }

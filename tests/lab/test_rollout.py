@@ -1,9 +1,11 @@
-"""Rolling deploys behind the real router (issue 15), on ONE lab: 4 server hosts + 1 gateway host running the
-Shepherd Model Gateway (smg 1.13.0, roles/fleet_router), the simulated engine on the servers.
+"""Rolling deploys behind the real router, on ONE lab: 4 server hosts + 2 gateway hosts running the Shepherd Model
+Gateway (smg 1.13.0, roles/fleet_router), each with every healthy worker, the simulated engine on the servers; the
+load is a client with both gateways (docs/fleet-router.md, "Two or more gateways").
 
 In order, on the same lab (one bring-up):
 0. a router killed with SIGKILL under load comes back (systemd) serving every worker of the gateway's record within
-   seconds, without Ansible; a worker taken out of the router on purpose stays out across such a restart;
+   seconds, without Ansible, losing only the requests it held; a worker taken out of the router on purpose stays out
+   across such a restart; a gateway that dies for good leaves the other one serving;
 1. a plan that would take the last healthy worker of the model out of the router is refused before any change;
 2. a full rollout of a flag change under a continuous load through the router (streaming and non-streaming,
    long requests in flight when each worker leaves the router) sees zero failed requests; a second rollout
@@ -45,7 +47,8 @@ KEY = "gpufleet-lab-router-key-not-a-secret"  # the lab's router key (inventory/
 ROUTER_PORT = 30000
 WORK = ROOT / "tmp" / NAME  # two levels under the project: the lab group_vars' inventory_dir paths resolve
 SERVERS = [f"{NAME}-0{i}" for i in range(1, 5)]
-GATEWAY = f"{NAME}-router-01"
+GATEWAYS = [f"{NAME}-router-01", f"{NAME}-router-02"]  # two gateways, each with every healthy worker
+GATEWAY = GATEWAYS[0]
 
 
 EXTRA_ENV = {"MOLECULE_EPHEMERAL_DIRECTORY": str(WORK / "eph"), "GPUFLEET_ROOT": str(ROOT)}
@@ -107,10 +110,16 @@ def lock_files(hosts: dict) -> dict:
 
 class Load:
     """Continuous requests through the router: non-streaming short chat/completions and streaming long
-    generations (several seconds each, so some are in flight when a worker leaves the router)."""
+    generations (several seconds each, so some are in flight when a worker leaves the router).
 
-    def __init__(self, address: str, workers: int = 12, limit_s: float = 420, limit_count: int = 5000):
-        self.address, self.workers = address, workers
+    With several gateway addresses it is a client with a list of gateways (docs/fleet-router.md, "Two or more
+    gateways"): its requests are spread over them, and a request that a gateway refuses to connect or answers "no
+    worker available" (a gateway down or restarting) goes to the next one; a request that fails once a gateway took it
+    (an error answer, a cut stream) is a failure."""
+
+    def __init__(self, address, workers: int = 12, limit_s: float = 420, limit_count: int = 5000):
+        self.addresses = [address] if isinstance(address, str) else list(address)
+        self.workers = workers
         self.deadline = time.monotonic() + limit_s
         self.limit_count = limit_count
         self.stop = threading.Event()
@@ -130,12 +139,24 @@ class Load:
             "stream": stream,
             "chat_template_kwargs": {"enable_thinking": False},
         }
-        conn = http.client.HTTPConnection(self.address, ROUTER_PORT, timeout=60)
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        data = resp.read().decode(errors="replace")
+        count = len(self.addresses)
+        for attempt in range(count):
+            address = self.addresses[(index + n + attempt) % count]
+            conn = http.client.HTTPConnection(address, ROUTER_PORT, timeout=60)
+            try:
+                conn.connect()
+            except OSError:
+                if attempt == count - 1:
+                    raise
+                continue  # this gateway is down: the next one
+            conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read().decode(errors="replace")
+            if resp.status in (404, 503) and "worker" in data.lower() and attempt < count - 1:
+                continue  # this gateway has no worker (it restarts): the next one
+            break
         if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {data[:200]}")
+            raise RuntimeError(f"HTTP {resp.status} from {address}: {data[:200]}")
         if stream:
             events = [line[6:] for line in data.splitlines() if line.startswith("data: ")]
             chunks = [json.loads(e) for e in events[:-1]]
@@ -188,7 +209,7 @@ def fleet():
         link.symlink_to(ROOT / "inventory/lab/group_vars")
     subprocess.run(["make", "-s", "router-wheelhouse"], cwd=ROOT, check=True, timeout=300)
     try:
-        up = lab_json("--name", NAME, "up", "--hosts", "4", "--routers", "1", "--inventory", str(WORK / "hosts.yml"))
+        up = lab_json("--name", NAME, "up", "--hosts", "4", "--routers", "2", "--inventory", str(WORK / "hosts.yml"))
         hosts = {h["name"]: h for h in up["hosts"]}
         prep = play("roles/sglang_server/molecule/shared/prepare.yml")
         assert prep.returncode == 0, prep.stdout[-3000:]
@@ -206,6 +227,8 @@ def test_router_serves_the_fleet_and_keeps_its_key_out_of_argv(fleet):
     gw = fleet[GATEWAY]
     urls = sorted(w["url"] for w in router_workers(gw["address"]) if w["is_healthy"])
     assert urls == sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+    # every gateway registers every healthy worker
+    assert sorted(w["url"] for w in router_workers(fleet[GATEWAYS[1]]["address"]) if w["is_healthy"]) == urls
     # The worker API refuses a caller without the key; the key is in no argv, unit or systemd property.
     conn = http.client.HTTPConnection(gw["address"], ROUTER_PORT, timeout=10)
     conn.request("GET", "/workers")
@@ -258,14 +281,16 @@ def kill_router_and_wait(gw: dict, wanted: list[str], bound_s: float = 30) -> tu
 
 
 def test_a_killed_router_comes_back_serving_its_recorded_workers_without_ansible(fleet):
-    """The router stage recorded the four workers on the gateway; smg killed with SIGKILL under load is restarted by
-    systemd and its launcher starts it with the recorded workers: every worker is healthy in it again within seconds,
-    with no Ansible run, and only the requests around the kill fail (the count and the seconds are printed)."""
+    """The router stage recorded the four workers on each gateway; smg killed with SIGKILL under load (a client with
+    both gateways) is restarted by systemd and its launcher starts it with the recorded workers: every worker is
+    healthy in it again within seconds, with no Ansible run, and only the requests it held fail (the count and the
+    seconds are printed)."""
     gw = fleet[GATEWAY]
     everyone = sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
-    assert json.loads(on(gw, f"cat {RECORD}")) == {"workers": everyone}
+    for name in GATEWAYS:
+        assert json.loads(on(fleet[name], f"cat {RECORD}")) == {"workers": everyone}
     restarts = int(on(gw, "systemctl show -p NRestarts --value smg-router"))
-    with Load(gw["address"], workers=4, limit_s=90) as load:
+    with Load([fleet[g]["address"] for g in GATEWAYS], workers=4, limit_s=90) as load:
         time.sleep(3)  # serving through the router before the kill
         killed_at, back_s = kill_router_and_wait(gw, everyone)
         served_before = sum(load.ok.values())
@@ -275,7 +300,9 @@ def test_a_killed_router_comes_back_serving_its_recorded_workers_without_ansible
           f"{max(load.failed_at, default=killed_at) - killed_at:.1f} s of the kill; every worker healthy in the "
           f"restarted router {back_s:.1f} s after it")  # fmt: skip
     assert back_s < 15
-    assert all(killed_at - 1 <= t <= killed_at + back_s + 2 for t in load.failed_at), load.failures[:5]
+    # only what the killed gateway held: each of the 4 clients had one request in flight at most
+    assert len(load.failures) <= 4, load.failures
+    assert all(killed_at - 1 <= t <= killed_at + 2 for t in load.failed_at), load.failures[:5]
     assert sum(load.ok.values()) > served_before  # served again after the restart
     journal = on(gw, "journalctl -u smg-router --no-pager -n 400")
     assert f"starting with the 4 recorded worker(s) of {RECORD}" in journal
@@ -295,6 +322,40 @@ def test_a_killed_router_comes_back_serving_its_recorded_workers_without_ansible
     assert again.returncode == 0, again.stdout[-3000:]
     assert healthy_urls(gw["address"]) == everyone
     assert json.loads(on(gw, f"cat {RECORD}")) == {"workers": everyone}
+
+
+def test_a_gateway_that_dies_leaves_the_other_serving(fleet):
+    """Two gateways, a client with both: one gateway's router dies for good (SIGKILL with systemd's restart turned
+    off, as a gateway host that went down); the client's requests go on through the other one, and only those the
+    dead one held fail. Started again (no Ansible), it comes back with its recorded workers."""
+    dead = fleet[GATEWAYS[1]]
+    everyone = sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+    dropin = "/run/systemd/system/smg-router.service.d"
+    on(dead, f"mkdir -p {dropin} && printf '[Service]\\nRestart=no\\n' > {dropin}/gone.conf && systemctl daemon-reload")
+    try:
+        with Load([fleet[g]["address"] for g in GATEWAYS], workers=4, limit_s=60) as load:
+            time.sleep(3)
+            killed_at = time.monotonic()
+            on(dead, "kill -9 $(systemctl show -p MainPID --value smg-router)")
+            time.sleep(8)
+            assert on(dead, "systemctl is-active smg-router || true").strip() != "active"
+            served_after = sum(load.ok.values())
+            time.sleep(4)
+        assert sum(load.ok.values()) > served_after  # served through the other gateway meanwhile
+        assert len(load.failures) <= 4, load.failures  # at most the requests in flight on the dead one
+        assert all(t <= killed_at + 2 for t in load.failed_at), load.failures[:5]
+        print(f"one of two gateways killed for good under load: {len(load.failures)} failed requests")
+    finally:
+        on(dead, f"rm -f {dropin}/gone.conf && systemctl daemon-reload && systemctl start smg-router")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if healthy_urls(dead["address"]) == everyone:
+                break
+        except (OSError, AssertionError, http.client.HTTPException):
+            pass
+        assert time.monotonic() < deadline, "the gateway did not come back with its workers"
+        time.sleep(0.5)
 
 
 def test_plan_taking_the_last_healthy_worker_is_refused_before_any_change(fleet):
@@ -321,8 +382,8 @@ def test_rollout_under_load_has_zero_failed_requests_and_a_second_rollout_is_ref
     vars_file = WORK / "rollout-a.json"
     vars_file.write_text(json.dumps(extra))
     argv = ["ansible-playbook", "-i", str(WORK / "hosts.yml"), "-e", f"@{vars_file}", "playbooks/rollout.yml"]
-    with Load(gw["address"]) as load:
-        time.sleep(3)  # the load is running through the router before the first worker leaves it
+    with Load([fleet[g]["address"] for g in GATEWAYS]) as load:
+        time.sleep(3)  # the load is running through both gateways before the first worker leaves them
         first = subprocess.Popen(
             argv, cwd=ROOT, env=playbook_env(EXTRA_ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -360,8 +421,11 @@ def test_rollout_under_load_has_zero_failed_requests_and_a_second_rollout_is_ref
         assert "--chunked-prefill-size 4096" in unit_text(fleet[h])
         starts = on(fleet[h], f"journalctl -u sglang-server --since @{t0} --no-pager | grep -c 'fired up and ready'")
         assert starts.strip() == "1", f"{h} started {starts.strip()} times"
-    urls = sorted(w["url"] for w in router_workers(gw["address"]) if w["is_healthy"])
-    assert urls == sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+    everyone = sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+    # drained from both gateways (zero failures above with requests through both) and back in both
+    assert report["router_workers"] == dict.fromkeys(GATEWAYS, everyone)
+    for name in GATEWAYS:
+        assert healthy_urls(fleet[name]["address"]) == everyone
     assert all(not files for files in lock_files(fleet).values())
 
 
@@ -470,7 +534,7 @@ def test_a_router_killed_in_the_middle_of_a_rollout_comes_back_and_the_rollout_s
     assert report["router_restarted"] is True
     assert int(on(gw, "systemctl show -p NRestarts --value smg-router")) == restarts + 1
     assert report["router"] == {"in": sorted(SERVERS), "out": {}}
-    assert "The router restarted during this run" in " ".join(out.split())
+    assert "A router restarted during this run" in " ".join(out.split())
     assert healthy_urls(gw["address"]) == everyone
     assert json.loads(on(gw, f"cat {RECORD}")) == {"workers": everyone}
     for h in SERVERS:
