@@ -265,3 +265,27 @@ def test_the_router_account_is_read_from_the_routers_list_not_from_the_plan():
         "b": "failed: its restart failed and it was not proven healthy again",
         "d": "untouched: it was out of the router before this run reached it",
     }
+
+
+def test_several_gateways_are_one_router_for_the_rollout():
+    """A fleet_router_workers task looped over the gateways: a worker is in only when every gateway lists it healthy
+    (a client may reach any of them), added back only when added back everywhere; the drain comes from the gateway
+    that drained; each gateway's InvocationID is kept; a skipped item counts for nothing."""
+    results = [
+        {"item": "gw-1", "router_invocation": "i1", "in_router_urls": ["http://a:8000", "http://b:8000"],
+         "workers": [{"url": "http://a:8000/", "is_healthy": True}, {"url": "http://b:8000", "is_healthy": True}],
+         "drain": {}, "left_out": {}},
+        {"item": "gw-2", "router_invocation": "i2", "in_router_urls": ["http://a:8000"],
+         "workers": [{"url": "http://a:8000", "is_healthy": True}, {"url": "http://b:8000", "is_healthy": False}],
+         "drain": {"http://a:8000": {"in_flight_at_removal": 2}}, "left_out": {"http://c:8000": 503},
+         "router_unavailable_s": 1.5},
+        {"item": "gw-3", "skipped": True},
+    ]  # fmt: skip
+    view = rollout.rollout_gateway_view(results)
+    assert view["healthy"] == ["http://a:8000"] and view["in_router_urls"] == ["http://a:8000"]
+    assert view["by_gateway"] == {"gw-1": ["http://a:8000", "http://b:8000"], "gw-2": ["http://a:8000"]}
+    assert view["drain"] == {"http://a:8000": {"in_flight_at_removal": 2}}
+    assert view["left_out"] == {"http://c:8000": 503}
+    assert view["invocations"] == {"gw-1": "i1", "gw-2": "i2"} and view["unavailable_s"] == 1.5
+    empty = rollout.rollout_gateway_view([])
+    assert empty["healthy"] == [] and empty["by_gateway"] == {} and empty["unavailable_s"] == 0.0
