@@ -17,6 +17,7 @@ each changes what it should and nothing else.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import sys
 from pathlib import Path
@@ -154,6 +155,10 @@ def test_the_next_deploy_proves_the_host_in_place_and_skips_every_stage(host, de
     r = report(HOST)
     assert r["result"] == "unchanged" and r["health"]["ok"] is True and r["converged"]["fast_path"] is True
     assert r["versions"]["ml_env_release"] == deployed["release"] and r["restart_reasons"] == []
+    # the record on the host holds keyed digests (HMAC with the controller's key), never a plain hash of an input
+    record = json.loads(host.file("/var/lib/gpufleet/sglang-server/converged.json").content_string)
+    assert record["inputs"]["digest"].startswith("hmac-sha256:")
+    assert host.file("/var/lib/gpufleet/sglang-server/converged.json").mode == 0o600
 
 
 def kill_scheduler_rank(host, rank: int) -> None:
