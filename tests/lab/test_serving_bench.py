@@ -192,3 +192,16 @@ def test_tune_ranks_variants_and_leaves_the_canary_as_it_was(fleet):
     assert health(host["address"]) == 200
     assert "--max-running-requests 64" in on(host, "systemctl show -p ExecStart sglang-server.service")
     assert "Tuning on bench-01" in (reports / "fleet-report.md").read_text()
+
+
+def test_bench_of_one_host_with_limit_writes_the_fleet_report(fleet):
+    """`bench.yml -l <host>`, as docs/benchmarks.md documents it, measures that host and writes the fleet report (its
+    report play ran on localhost, which -l left out: no report at all)."""
+    reports = fleet["reports"]
+    for name in ("fleet-report.md", "fleet-report.html"):
+        (reports / name).unlink(missing_ok=True)
+    before = json.loads((reports / "bench/bench-01/latest.json").read_text())
+    rc, out = playbook(fleet, "playbooks/bench.yml", {"serving_bench_concurrencies": [4]}, limit="bench-02")
+    assert rc == 0, out[-4000:]
+    assert (reports / "fleet-report.html").exists() and "bench-02" in (reports / "fleet-report.md").read_text()
+    assert json.loads((reports / "bench/bench-01/latest.json").read_text()) == before  # the other host untouched
