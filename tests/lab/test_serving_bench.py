@@ -11,12 +11,15 @@ and leaves it as it was.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import simfleet
@@ -43,8 +46,12 @@ def on(host: dict, script: str, stdin: bytes | str | None = None, check: bool = 
     return out
 
 
+ROUTER_KEY = "bench-router-key-not-a-secret"  # the gateway's control-plane key (lab equipment)
+GATEWAY = f"{NAME}-router-01"
 GROUP_VARS = simfleet.GROUP_VARS | {
     "sglang_server_api_key": KEY,
+    "fleet_router_control_plane_api_key": ROUTER_KEY,
+    "fleet_router_wheelhouse": str(ROOT / ".cache/smg/wheelhouse"),
     "serving_bench_concurrencies": [4, 16],
     "serving_bench_prompts_per_concurrency": 2,
     "serving_bench_input_len": 64,
@@ -58,7 +65,8 @@ GROUP_VARS = simfleet.GROUP_VARS | {
 def fleet(tmp_path_factory):
     inventory = tmp_path_factory.mktemp("inv") / "hosts.yml"
     reports = tmp_path_factory.mktemp("reports")
-    result = lab_json("--name", NAME, "up", "--hosts", "2", "--host-names", ",".join(HOSTS),
+    subprocess.run(["make", "-s", "router-wheelhouse"], cwd=ROOT, check=True, timeout=300)
+    result = lab_json("--name", NAME, "up", "--hosts", "2", "--host-names", ",".join(HOSTS), "--routers", "1",
                       "--profile", "rtx-pro-6000x8-vm", "--inventory", str(inventory))  # fmt: skip
     hosts = {h["name"]: h for h in result["hosts"]}
     (inventory.parent / "group_vars").mkdir()
@@ -75,12 +83,15 @@ def fleet(tmp_path_factory):
         if name == "bench-01":
             host_vars["serving_bench_save_baseline"] = True  # bench-01's sweep is the GPU class baseline
         (inventory.parent / f"host_vars/{name}.yml").write_text(json.dumps(host_vars))
-    for name in hosts:
+    for name in HOSTS:
         simfleet.install(NAME, name, LAB_ENV)
     rc, out = playbook({"inventory": inventory, "reports": reports}, "playbooks/deploy_server.yml", {})
     assert rc == 0, out[-5000:]
-    for h in hosts.values():
-        assert health(h["address"]) == 200
+    for name in HOSTS:
+        assert health(hosts[name]["address"]) == 200
+    # the gateway in front of them: benchmarks and tuning take a server off the serving path while they measure it
+    rc, out = playbook({"inventory": inventory, "reports": reports}, "playbooks/router.yml", {})
+    assert rc == 0, out[-5000:]
     yield {"inventory": inventory, "hosts": hosts, "reports": reports}
     lab("--name", NAME, "down", check=False)
 
@@ -107,10 +118,19 @@ def chromium(html, *args: str) -> subprocess.CompletedProcess:
 
 def test_bench_baseline_gate_and_report(fleet):
     reports = fleet["reports"]
-    # 1. the sweep on both hosts, one at a time; bench-01's run becomes the GPU class baseline (host_vars)
+    # 1. the sweep on both hosts, one at a time, each out of the router while it is measured and back after;
+    # bench-01's run becomes the GPU class baseline (host_vars)
     rc, out = playbook(fleet, "playbooks/bench.yml", {})
     assert rc == 0, out[-4000:]
-    assert KEY not in out
+    assert KEY not in out and ROUTER_KEY not in out
+    flat = " ".join(out.split())
+    for host in HOSTS:
+        assert (
+            f"{host} is out of {GATEWAY} and drained for the experiment" in flat
+            and f"{host} is back in {GATEWAY}" in flat
+        )
+    assert healthy_in_router(fleet) == sorted(HOSTS)
+    assert on(fleet["hosts"][GATEWAY], "ls /var/lib/gpufleet/locks 2>/dev/null || true").strip() == ""
     for host in HOSTS:
         latest = json.loads((reports / "bench" / host / "latest.json").read_text())
         assert latest["gpu_class"] == GPU_CLASS
@@ -164,8 +184,37 @@ def test_bench_baseline_gate_and_report(fleet):
     assert res.returncode == 0 and shot.stat().st_size > 20000, res.stderr[-2000:]
 
 
+def router_workers(fleet) -> list[dict]:
+    out = on(
+        fleet["hosts"][GATEWAY], f"curl -s -m 5 -H 'Authorization: Bearer {ROUTER_KEY}' http://127.0.0.1:30000/workers"
+    )
+    return json.loads(out)["workers"]
+
+
+def healthy_in_router(fleet) -> list[str]:
+    by_address = {f"http://{h['address']}:8000": name for name, h in fleet["hosts"].items()}
+    return sorted(by_address.get(w["url"].rstrip("/"), w["url"]) for w in router_workers(fleet) if w["is_healthy"])
+
+
 def test_tune_ranks_variants_and_leaves_the_canary_as_it_was(fleet):
     reports, host = fleet["reports"], fleet["hosts"]["bench-01"]
+    # While the sweep runs, the router is read every second with the canary's running max-running-requests: the canary
+    # is never in the router while it runs a variant (or restarts), and it is back at the end.
+    seen, stop = [], threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                info = json.loads(on(host, f"curl -s -m 5 -H 'Authorization: Bearer {KEY}' "
+                                           "http://127.0.0.1:8000/get_server_info", check=False) or "{}")  # fmt: skip
+            except ValueError:
+                info = {}
+            with contextlib.suppress(ValueError, KeyError):
+                seen.append((info.get("max_running_requests"), "bench-01" in healthy_in_router(fleet)))
+            time.sleep(1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     before = on(host, "sha256sum /etc/systemd/system/sglang-server.service /var/lib/gpufleet/sglang-server/*/*")
     # --max-running-requests caps the simulated engine's batch (lab/sglang-sim README, "Speed model"): at 16
     # concurrent requests, 2 running at once is far slower than 8, and 8 than 32
@@ -177,8 +226,22 @@ def test_tune_ranks_variants_and_leaves_the_canary_as_it_was(fleet):
     extra = {"serving_bench_tune_variants": variants, "serving_bench_tune_canary": "bench-01",
              "serving_bench_concurrencies": [16], "serving_bench_tune_concurrency": 16}  # fmt: skip
     # five safe restarts and three benchmarks: 600 s was not enough on this 2-core machine at load 29
-    rc, out = playbook(fleet, "playbooks/tune.yml", extra, timeout=1800)
+    try:
+        rc, out = playbook(fleet, "playbooks/tune.yml", extra, timeout=1800)
+    finally:
+        stop.set()
+        watcher.join(timeout=30)
     assert rc == 0, out[-5000:]
+    variants_seen = [in_router for mrr, in_router in seen if mrr not in (None, 64)]
+    assert variants_seen and not any(variants_seen), seen  # variants ran, never in the router
+    assert healthy_in_router(fleet) == sorted(HOSTS)  # back in after the sweep
+    tune_report = json.loads((reports / "tune/bench-01.json").read_text())
+    # the running configuration was measured as the control; a winner is advice only when it beats it
+    assert tune_report["control"]["name"] == "running" and tune_report["control"]["ok"] is True
+    assert tune_report["winner_beats_control"] == (tune_report["winner"]["score"] > tune_report["control"]["score"])
+    # the host's own bench result is the running configuration's (the control), not a variant's
+    latest = json.loads((reports / "bench/bench-01/latest.json").read_text())
+    assert latest["config_hash"] == tune_report["control"]["config_hash"]
     tune = json.loads((reports / "tune/bench-01.json").read_text())
     assert [v["name"] for v in tune["ranking"]] == ["mrr-32", "mrr-8", "mrr-2"], tune["ranking"]
     scores = [v["score"] for v in tune["ranking"]]
