@@ -11,7 +11,8 @@ this launcher removes it from the environment and hands the entries to smg's own
 It also starts smg with the workers that should be in the router: the gateway's record (GPUFLEET_SMG_WORKERS_FILE,
 JSON {"workers": [<url>, ...]}, kept by gpufleet.fleet.fleet_router_workers at every add and removal) becomes
 `--worker-urls`. smg submits startup workers as background registration jobs, each probed before it is listed
-(smg server.rs `Job::InitializeWorkersFromConfig`, workflow/job_queue.rs), so the router listens at once and a
+(lightseekorg/smg model_gateway/src/server.rs `Job::InitializeWorkersFromConfig`, read at v1.9.0 and later; seen
+with the 1.13.0 wheel on the lab: docs/fleet-router.md "A router restart"), so the router listens at once and a
 crash, an OOM kill or a reboot of the gateway comes back serving the recorded workers that answer, without Ansible.
 A worker a rollout took out is not in the record, so it stays out. No record: no workers (the first deploy).
 """
