@@ -46,12 +46,15 @@ def test_help_options_read_by_the_role_are_exactly_the_real_parsers_options():
     assert options - {"--help"} == real_options()
 
 
-def test_the_engine_help_module_reads_the_same_options_as_the_filter():
+def test_the_engine_help_module_reads_exactly_the_real_parsers_options():
+    """The module that reads the installed engine's --help on a host (sglang_server_engine_help) against the real
+    parser dump, not against the filter: both call module_utils' help_options, so comparing them compared a function
+    with itself."""
     path = REPO / "plugins" / "modules" / "sglang_server_engine_help.py"
     spec = importlib.util.spec_from_file_location("sglang_server_engine_help", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.help_options(HELP) == f.sglang_help_options(HELP)
+    assert set(module.help_options(HELP)) - {"--help"} == real_options()
 
 
 def test_the_role_argument_table_is_the_real_parser():
