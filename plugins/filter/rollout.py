@@ -187,16 +187,12 @@ _OUT_WHY = {
 }
 
 
-def rollout_router_account(states: dict, urls: dict, workers: list) -> dict:
-    """Where every host of the run is at the end, from the router's own list (not from what the run meant to do;
-    ``workers``: the router's workers, or the URLs healthy in every gateway, rollout_gateway_view's ``healthy``):
+def rollout_router_account(states: dict, urls: dict, healthy_urls: list) -> dict:
+    """Where every host of the run is at the end, from the gateways' own lists (not from what the run meant to do;
+    ``healthy_urls``: the worker URLs healthy in every gateway, rollout_gateway_view's ``healthy``):
     ``{"in": [hosts healthy in the router], "out": {host: why}}``; ``why`` follows the host's rollout state (a host
     out of the router that the run did not take out says so)."""
-    healthy = {
-        str(w.get("url", "") if isinstance(w, dict) else w).rstrip("/")
-        for w in workers or []
-        if not isinstance(w, dict) or w.get("is_healthy")
-    }
+    healthy = {str(u).rstrip("/") for u in healthy_urls or []}
     account = {"in": [], "out": {}}
     for host in sorted(states):
         if str(urls.get(host, "")).rstrip("/") in healthy:

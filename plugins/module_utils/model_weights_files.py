@@ -72,7 +72,11 @@ def read_json(path: Path) -> dict:
         return {}
 
 
-def write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict, mode: int | None = None) -> None:
+    """Write ``data`` as JSON atomically (a temporary file beside it, then a rename); with ``mode``, the file has that
+    mode from the moment it appears (set on the temporary file, whatever the umask)."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    if mode is not None:
+        os.chmod(tmp, mode)
     os.replace(tmp, path)

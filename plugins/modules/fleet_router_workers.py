@@ -6,15 +6,15 @@ from __future__ import annotations
 import http.client as http_client
 import json
 import os
-import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import http
+from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import write_json
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import http, unit_state
 
 DOCUMENTATION = r"""
 module: fleet_router_workers
@@ -202,19 +202,13 @@ def read_record(path: str | None) -> list[str]:
     return [norm(str(u)) for u in data["workers"]]
 
 
-def write_record(module: AnsibleModule, path: str | None, urls: list[str], before: list[str]) -> bool:
+def write_record(path: str | None, urls: list[str], before: list[str]) -> bool:
     """Write the record (sorted, atomically, mode 0644: the router runs as its own user) when it differs."""
     urls = sorted(set(urls))
     if not path or urls == sorted(set(before)):
         return False
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".workers-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump({"workers": urls}, f, indent=1)
-        f.write("\n")
-    os.chmod(tmp, 0o644)
-    module.atomic_move(tmp, path)
+    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    write_json(Path(path), {"workers": urls}, mode=0o644)
     return True
 
 
@@ -273,15 +267,8 @@ class Router:
 
 
 def invocation(service: str | None) -> str:
-    """The systemd InvocationID of the router's unit ('' without a service or when systemd does not answer)."""
-    if not service:
-        return ""
-    try:
-        out = subprocess.run(["systemctl", "show", "-p", "InvocationID", "--value", service], capture_output=True,
-                             text=True, timeout=10, check=False).stdout  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.strip()
+    """The systemd InvocationID of the router's unit ('' without a service or when systemd does not know it)."""
+    return unit_state(service)["invocation_id"] if service else ""
 
 
 def http_get(url: str, timeout: float) -> tuple[int, dict | None]:
@@ -418,7 +405,7 @@ def main() -> None:
     # a worker leaves the record before its DELETE: a router restart from here on does not bring it back
     record_changed = False
     if p["state"] == "absent":
-        record_changed = write_record(module, p["workers_file"], [u for u in recorded if u not in wanted], recorded)
+        record_changed = write_record(p["workers_file"], [u for u in recorded if u not in wanted], recorded)
         recorded = [u for u in recorded if u not in wanted]
 
     # with absent and drain_timeout, every URL asked for is drained (also one the router did not list)
@@ -467,7 +454,7 @@ def main() -> None:
     healthy = sorted(u for u in wanted if u in urls and urls[u].get("is_healthy")) if p["state"] == "present" else []
     if p["state"] == "present":
         keep = [] if p["exclusive"] else recorded
-        record_changed = write_record(module, p["workers_file"], keep + healthy, recorded)
+        record_changed = write_record(p["workers_file"], keep + healthy, recorded)
         recorded = sorted(set(keep + healthy))
     module.exit_json(
         changed=changed or record_changed, workers=workers, added=added, removed=removed, drain=drained,

@@ -253,13 +253,14 @@ def test_the_router_account_is_read_from_the_routers_list_not_from_the_plan():
     """Every host of the run is in or out by the router's list at the end; an out host says why by its state, and
     one the run rolled back is in when its /health brought it back."""
     urls = {h: f"http://10.0.0.{i}:8000" for i, h in enumerate(["a", "b", "c", "d"], start=1)}
-    workers = [
+    # the router's list as rollout_gateway_view reads it: d is draining (listed, not healthy), b not listed
+    gateway = {"item": "gw-1", "workers": [
         {"url": "http://10.0.0.1:8000/", "is_healthy": True},
         {"url": "http://10.0.0.3:8000", "is_healthy": True},
         {"url": "http://10.0.0.4:8000", "is_healthy": False, "status": "draining"},
-    ]
+    ]}  # fmt: skip
     states = {"a": "updated", "b": "failed", "c": "rolled_back", "d": "untouched"}
-    account = rollout.rollout_router_account(states, urls, workers)
+    account = rollout.rollout_router_account(states, urls, rollout.rollout_gateway_view([gateway])["healthy"])
     assert account["in"] == ["a", "c"]
     assert account["out"] == {
         "b": "failed: its restart failed and it was not proven healthy again",
