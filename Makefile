@@ -14,15 +14,17 @@ unexport PYTHONDONTWRITEBYTECODE
 HOSTS ?= 2
 # Gateway hosts (the router, group fleet_routers) of the lab.
 ROUTERS ?= 1
+# Of those, the ones that also run the monitor (group fleet_monitors: Prometheus, Alertmanager, the probe).
+MONITORS ?= 1
 PROFILE ?= rtx-pro-6000x8-vm
 LAB ?= gpufleet
 SUBNET ?=
 SCENARIO ?=
 # Molecule scenarios run at once (empty: tools/run_molecule.py picks two per core, at most 6).
 MOLECULE_JOBS ?=
-LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --routers $(ROUTERS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
+LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --routers $(ROUTERS) --monitors $(MONITORS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
 
-.PHONY: router-wheelhouse real-engine help setup apt venv collections bench-client bench deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-prune lab-tests lab-tests-1 lab-tests-2 molecule bench-lab real-kernel
+.PHONY: promtool router-wheelhouse real-engine help setup apt venv collections bench-client bench deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-prune lab-tests lab-tests-1 lab-tests-2 molecule bench-lab real-kernel
 
 help:
 	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
@@ -34,7 +36,7 @@ help:
 	@echo "make bench-lab     time lab bring-up (2 and 8 hosts) and make test; saves JSON in benchmarks/results"
 	@echo "make bench         performance suite: no-op deploy (ansible.cfg vs defaults vs Mitogen), restart, env build"
 
-setup: apt venv collections bench-client
+setup: apt venv collections bench-client promtool
 
 apt:
 	@if ! command -v systemd-nspawn >/dev/null || ! command -v mmdebstrap >/dev/null || ! command -v iptables >/dev/null \
@@ -55,6 +57,12 @@ collections: venv
 # from `apt`) opens the fleet report in tests.
 bench-client: venv
 	.venv/bin/python tools/bench_client.py build >/dev/null
+
+# promtool of Debian 12's prometheus package (2.42.0+ds), for the monitor's alert rules (lint, unit tests): the
+# package is downloaded and unpacked into .cache/promtool, never installed (no Prometheus on the controller).
+PROMTOOL ?= $(CURDIR)/.cache/promtool/bin/promtool
+promtool:
+	@python3 tools/promtool.py --check
 
 deploy: setup lab-up lab-cuda-mirror lab-testhub lab-wheelhouse router-wheelhouse
 	ansible-playbook deploy.yml
@@ -98,10 +106,11 @@ test:
 	@NO_PRUNE=1 MOLECULE_NICE=10 MOLECULE_BESIDE=unit,lab-tests-1,lab-tests-2 MOLECULE_JOBS_BESIDE=2 \
 	  python3 tools/timed_groups.py setup lab-prune lint+unit+lab-tests-1+lab-tests-2+molecule
 
-lint:
+lint: promtool
 	ruff check .
 	ruff format --check .
 	ansible-lint --profile production
+	$(PROMTOOL) check rules roles/fleet_monitor/files/rules/*.yml
 
 unit:
 	pytest tests/unit --durations=15

@@ -42,7 +42,8 @@ HOST = f"{LAB}-01"
 INVENTORY = ROOT / "inventory" / "real-engine"
 EXAMPLE = ROOT / "inventory" / "examples" / "glm5-rtxpro6000" / "group_vars"
 LAB_PYTHON = "/opt/gpufleet-lab/python-3.12/bin/python3.12"
-REPORT = ROOT / "reports" / "deploy" / f"{HOST}.json"
+# the fleet's reports folder: reports/<inventory folder name>/ (playbooks/vars/fleet.yml)
+REPORT = ROOT / "reports" / INVENTORY.name / "deploy" / f"{HOST}.json"
 # The engine's own words on a host without a GPU (sglang 0.5.9, srt/utils/common.py get_device()).
 ENGINE_ERROR = "No accelerator (CUDA, XPU, HPU, NPU, MUSA) is available."
 

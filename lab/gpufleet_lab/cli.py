@@ -27,9 +27,12 @@ def router_names(lab_name: str, count: int) -> list[str]:
     return [f"{lab_name}-router-{i:02d}" for i in range(1, count + 1)]
 
 
-def write_inventory(path: Path, lab: Lab, instances: list[dict], routers: list[str] | tuple = ()) -> bool:
+def write_inventory(
+    path: Path, lab: Lab, instances: list[dict], routers: list[str] | tuple = (), monitors: list[str] | tuple = ()
+) -> bool:
     """Write the Ansible inventory of a lab; True when the file changed. Hosts named in routers form the
-    group fleet_routers (gateway hosts), the others sglang_servers."""
+    group fleet_routers (gateway hosts), the others sglang_servers; hosts named in monitors (gateway hosts too)
+    also form the group fleet_monitors (Prometheus and Alertmanager)."""
     import yaml  # only needed here: the rest of the tool runs on a bare system Python
 
     hosts = {i["name"]: {"ansible_host": i["address"], "gpusim_profile": i["profile"]} for i in instances}
@@ -49,6 +52,7 @@ def write_inventory(path: Path, lab: Lab, instances: list[dict], routers: list[s
                 },
                 "sglang_servers": {"hosts": servers},
                 **({"fleet_routers": {"hosts": {name: {} for name in hosts if name in routers}}} if routers else {}),
+                **({"fleet_monitors": {"hosts": {name: {} for name in hosts if name in monitors}}} if monitors else {}),
             }
         }
     }
@@ -80,6 +84,12 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
         type=int,
         default=0,
         help="gateway hosts for the router (group fleet_routers, GPU profile none), named <lab>-router-NN",
+    )
+    up.add_argument(
+        "--monitors",
+        type=int,
+        default=0,
+        help="how many of the gateway hosts also run the monitor (group fleet_monitors: Prometheus, Alertmanager)",
     )
     up.add_argument(
         "--subnet", default=None, help="private /24 for the lab (default: 10.123.0.0/24 for the default lab)"
@@ -138,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise LabError("--hosts must be at least 1")
             if args.routers < 0:
                 raise LabError("--routers must be 0 or more")
+            if not 0 <= args.monitors <= args.routers:
+                raise LabError("--monitors must be 0 to --routers (the monitor runs on a gateway host)")
             started = time.monotonic()
             spec = LabSpec(args.name, args.hosts, args.subnet, profiles, args.mirror)
             routers = router_names(lab.name, args.routers)
@@ -158,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             inventory = _inventory_path(args)
             if inventory is not None:
                 result["inventory"] = str(inventory)
-                result["changed"] |= write_inventory(inventory, lab, result["hosts"], routers)
+                result["changed"] |= write_inventory(inventory, lab, result["hosts"], routers, routers[: args.monitors])
             result["seconds"] = round(time.monotonic() - started, 2)
             if args.json:
                 print(json.dumps(result, indent=2))

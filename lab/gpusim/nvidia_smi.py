@@ -350,6 +350,20 @@ class Machine:
         reserved = int(gpu.get("memory_reserved_mib", 0))
         return max(0, total - reserved - self.used_mib(gpu))
 
+    def q_values(self, gpu):
+        """{section path: value} of the GPU's ``-q`` body (its capture by bus id, else q-gpu-template.txt), as
+        written there: the source of the --query-gpu fields the profile does not set (clocks, PCIe link, ...)."""
+        cache = self.__dict__.setdefault("_q_cache", {})
+        if gpu["index"] not in cache:
+            pdir = self.profile.get("_dir", "")
+            body = _q_blocks_from_capture(os.path.join(pdir, "captures", "nvidia-smi-q.txt")).get(gpu["pci_bus_id"])
+            template = os.path.join(pdir, "q-gpu-template.txt")
+            if body is None and os.path.exists(template):
+                with open(template, encoding="utf-8") as fh:
+                    body = fh.read().splitlines(keepends=True)
+            cache[gpu["index"]] = _q_index(body or [])
+        return cache[gpu["index"]]
+
     def processes(self, gpu_indices=None):
         """(gpu, allocation, MiB) in nvidia-smi order: by GPU, then pid."""
         rows = []
@@ -424,7 +438,7 @@ def render_table(machine, gpus):
         pm = _on_off(gpu.get("persistence_mode", "Enabled"))
         c1 = f"{gpu['index']:>4}  {_name_cell(gpu['name']):<27}    {pm:<3} "
         c2 = f"   {gpu['pci_bus_id']} {gpu.get('display_active', 'Off'):>3} "
-        c3 = f"{gpu.get('ecc_errors', '0'):>21} "
+        c3 = f"{ecc_table_cell(machine, gpu):>21} "
         out.append(f"|{c1}|{c2}|{c3}|\n")
         temp = gpu.get("temperature_c")
         temp = "N/A" if temp is None else f"{temp}C"
@@ -525,6 +539,21 @@ def _q_substitute(lines, values):
     return out
 
 
+def _q_index(lines):
+    """{section path: value} of a ``-q`` body: ``("Clocks", "SM"): "345 MHz"``."""
+    values = {}
+    stack = []  # (indent, name)
+    for line in lines:
+        indent, key, value = _q_split(line)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        if value is None:
+            stack.append((indent, key))
+            continue
+        values[tuple(name for _, name in stack) + (key,)] = value
+    return values
+
+
 def _q_processes(machine, gpu):
     procs = [(a, mib) for g, a, mib in machine.processes({gpu["index"]})]
     if not procs:
@@ -556,6 +585,31 @@ def _bus_parts(bus_id):
     if not m:
         return "0x0000", "0x00", "0x00"
     return f"0x{m.group(1)[-4:]}", f"0x{m.group(2)}", f"0x{m.group(3)}"
+
+
+_Q_ECC_COUNTS = (
+    "SRAM Correctable",
+    "SRAM Uncorrectable Parity",
+    "SRAM Uncorrectable SEC-DED",
+    "DRAM Correctable",
+    "DRAM Uncorrectable",
+)
+
+
+def _q_ecc_values(machine, gpu):
+    """ECC Mode and error counts of ``-q`` consistent with --query-gpu: the counts go to DRAM (volatile and
+    aggregate); without ECC enabled every count reads N/A."""
+    mode = ecc_mode(machine, gpu)
+    values = {("ECC Mode", "Current"): mode, ("ECC Mode", "Pending"): mode}
+    if mode != "Enabled":
+        for section in ("Volatile", "Aggregate"):
+            for key in _Q_ECC_COUNTS:
+                values[("ECC Errors", section, key)] = "N/A"
+        return values
+    for section in ("Volatile", "Aggregate"):
+        values[("ECC Errors", section, "DRAM Correctable")] = ecc_volatile(machine, gpu, "corrected")
+        values[("ECC Errors", section, "DRAM Uncorrectable")] = ecc_volatile(machine, gpu, "uncorrected")
+    return values
 
 
 def render_q(machine, gpus):
@@ -608,6 +662,7 @@ def render_q(machine, gpus):
             ("GPU Power Readings", "Requested Power Limit"): limit,
             ("Processes",): _q_processes(machine, gpu),
         }
+        values.update(_q_ecc_values(machine, gpu))
         out.append(f"GPU {gpu['pci_bus_id']}\n")
         out.extend(_q_substitute(body, values))
         out.append("\n")
@@ -646,7 +701,100 @@ def _watts(value, units):
     return f"{float(value):.2f} W" if units else f"{float(value):.2f}"
 
 
-# name -> (canonical header name, unit or None, getter(machine, gpu, units))
+def _na(value):
+    """A value as the CSV prints it: ``-q``'s ``N/A`` (or none at all) is ``[N/A]``."""
+    return "[N/A]" if value in (None, "", "N/A", "[N/A]") else str(value)
+
+
+def _q_number(machine, gpu, *path):
+    """The number of a ``-q`` value (``345 MHz`` -> ``345``, ``16x`` -> ``16``), None for ``N/A``."""
+    value = machine.q_values(gpu).get(path)
+    m = re.match(r"^(-?\d+(?:\.\d+)?)", value or "")
+    return m.group(1) if m else None
+
+
+def _unit(value, unit, units):
+    """``value`` with its unit as the real CSV prints it (``495 MHz``, ``0 %``), ``[N/A]`` for none."""
+    if value is None or str(value) in ("N/A", "[N/A]"):
+        return "[N/A]"
+    return f"{value} {unit}" if units else str(value)
+
+
+def _profile_or_q(gpu, key, machine, *path):
+    return gpu[key] if key in gpu else _q_number(machine, gpu, *path)
+
+
+def ecc_mode(machine, gpu):
+    """``Enabled``, ``Disabled`` or ``N/A`` (a GPU without ECC, as consumer GPUs): the profile's ``ecc_mode``;
+    else from ``ecc_errors`` (the table's Volatile Uncorr. ECC cell: ``N/A`` no ECC, ``Off`` disabled); else the
+    ``-q`` body's ECC Mode (Enabled on both H200 and RTX PRO 6000 bodies)."""
+    if "ecc_mode" in gpu:
+        return str(gpu["ecc_mode"]).strip("[]")
+    cell = str(gpu.get("ecc_errors", "0"))
+    if cell in ("N/A", "[N/A]"):
+        return "N/A"
+    if cell == "Off":
+        return "Disabled"
+    return machine.q_values(gpu).get(("ECC Mode", "Current")) or "Enabled"
+
+
+def ecc_volatile(machine, gpu, kind):
+    """Volatile ECC error count (``corrected``/``uncorrected``) as an int, or None where ECC is not enabled
+    (the real tool prints ``[N/A]`` then). Profile keys ``ecc_corrected_volatile``/``ecc_uncorrected_volatile``;
+    uncorrected defaults to the numeric ``ecc_errors`` of the table, everything else to 0 (the H200 captures)."""
+    if ecc_mode(machine, gpu) != "Enabled":
+        return None
+    key = f"ecc_{kind}_volatile"
+    if key in gpu:
+        return int(gpu[key])
+    cell = str(gpu.get("ecc_errors", "0"))
+    return int(cell) if kind == "uncorrected" and cell.isdigit() else 0
+
+
+def ecc_table_cell(machine, gpu):
+    """The table's Volatile Uncorr. ECC cell: the profile's ``ecc_errors``, else from the ECC mode."""
+    if "ecc_errors" in gpu:
+        return str(gpu["ecc_errors"])
+    mode = ecc_mode(machine, gpu)
+    if mode == "Enabled":
+        return str(ecc_volatile(machine, gpu, "uncorrected"))
+    return "Off" if mode == "Disabled" else "N/A"
+
+
+# nvml.h clocks event reason bits, by their name in ``-q``'s Clocks Event Reasons section.
+CLOCKS_EVENT_BITS = {
+    "Idle": 0x1,
+    "Applications Clocks Setting": 0x2,
+    "SW Power Cap": 0x4,
+    "HW Slowdown": 0x8,
+    "Sync Boost": 0x10,
+    "SW Thermal Slowdown": 0x20,
+    "HW Thermal Slowdown": 0x40,
+    "HW Power Brake Slowdown": 0x80,
+    "Display Clock Setting": 0x100,
+}
+
+
+def clocks_event_reasons(machine, gpu):
+    """``0x0000000000000001`` (idle) as the real tool prints it: the profile's ``clocks_event_reasons``
+    (an int) or the Active entries of the ``-q`` body's Clocks Event Reasons."""
+    if "clocks_event_reasons" in gpu:
+        return f"0x{int(gpu['clocks_event_reasons']):016x}"
+    mask = 0
+    for path, value in machine.q_values(gpu).items():
+        if path[0] == "Clocks Event Reasons" and value == "Active" and path[-1] in CLOCKS_EVENT_BITS:
+            mask |= CLOCKS_EVENT_BITS[path[-1]]
+    return f"0x{mask:016x}"
+
+
+def _fan(gpu, units):
+    fan = str(gpu.get("fan", "N/A")).rstrip("%").strip()
+    return _unit(None if fan == "N/A" else fan, "%", units)
+
+
+# name -> (canonical header name, unit or None, getter(machine, gpu, units)). As the real tool: the header
+# shows the canonical name (``clocks.sm`` -> ``clocks.current.sm [MHz]``) and the unit of unit-bearing fields;
+# ``temperature.*``, ECC counts, pstate and the like carry none, and ``nounits`` drops the value's unit.
 GPU_FIELDS = {
     "timestamp": ("timestamp", None, lambda m, g, u: time.strftime("%Y/%m/%d %H:%M:%S.000")),
     "driver_version": ("driver_version", None, lambda m, g, u: m.profile["driver_version"]),
@@ -687,7 +835,86 @@ GPU_FIELDS = {
     "mig.mode.current": ("mig.mode.current", None, lambda m, g, u: _mig(g)),
     "mig.mode.pending": ("mig.mode.pending", None, lambda m, g, u: _mig(g)),
     "compute_mode": ("compute_mode", None, lambda m, g, u: g.get("compute_mode", "Default")),
+    "utilization.memory": (
+        "utilization.memory",
+        "%",
+        lambda m, g, u: _unit(_profile_or_q(g, "utilization_memory", m, "Utilization", "Memory"), "%", u),
+    ),
+    "temperature.memory": (
+        "temperature.memory",
+        None,
+        lambda m, g, u: _na(_profile_or_q(g, "temperature_memory_c", m, "Temperature", "Memory Current Temp")),
+    ),
+    "fan.speed": ("fan.speed", "%", lambda m, g, u: _fan(g, u)),
+    "ecc.mode.current": ("ecc.mode.current", None, lambda m, g, u: _na(ecc_mode(m, g))),
+    "ecc.mode.pending": ("ecc.mode.pending", None, lambda m, g, u: _na(ecc_mode(m, g))),
+    "ecc.errors.corrected.volatile.total": (
+        "ecc.errors.corrected.volatile.total",
+        None,
+        lambda m, g, u: _na(ecc_volatile(m, g, "corrected")),
+    ),
+    "ecc.errors.uncorrected.volatile.total": (
+        "ecc.errors.uncorrected.volatile.total",
+        None,
+        lambda m, g, u: _na(ecc_volatile(m, g, "uncorrected")),
+    ),
+    "retired_pages.pending": (
+        "retired_pages.pending",
+        None,
+        lambda m, g, u: _na(m.q_values(g).get(("Retired Pages", "Pending Page Blacklist"))),
+    ),
+    "remapped_rows.pending": (
+        "remapped_rows.pending",
+        None,
+        lambda m, g, u: _na(m.q_values(g).get(("Remapped Rows", "Pending"))),
+    ),
+    "remapped_rows.failure": (
+        "remapped_rows.failure",
+        None,
+        lambda m, g, u: _na(m.q_values(g).get(("Remapped Rows", "Remapping Failure Occurred"))),
+    ),
+    "clocks_event_reasons.active": ("clocks_event_reasons.active", None, lambda m, g, u: clocks_event_reasons(m, g)),
+    "clocks_throttle_reasons.active": (
+        "clocks_event_reasons.active",
+        None,
+        lambda m, g, u: clocks_event_reasons(m, g),
+    ),
+    "pcie.link.gen.current": (
+        "pcie.link.gen.current",
+        None,
+        lambda m, g, u: _na(_q_number(m, g, "PCI", "GPU Link Info", "PCIe Generation", "Current")),
+    ),
+    "pcie.link.gen.max": (
+        "pcie.link.gen.max",
+        None,
+        lambda m, g, u: _na(_q_number(m, g, "PCI", "GPU Link Info", "PCIe Generation", "Max")),
+    ),
+    "pcie.link.width.current": (
+        "pcie.link.width.current",
+        None,
+        lambda m, g, u: _na(_q_number(m, g, "PCI", "GPU Link Info", "Link Width", "Current")),
+    ),
+    "pcie.link.width.max": (
+        "pcie.link.width.max",
+        None,
+        lambda m, g, u: _na(_q_number(m, g, "PCI", "GPU Link Info", "Link Width", "Max")),
+    ),
 }
+
+# Clock fields: (canonical name, alias or None, -q path), unit MHz; values from the GPU's -q body.
+for _name, _alias, _path in (
+    ("clocks.current.graphics", "clocks.gr", ("Clocks", "Graphics")),
+    ("clocks.current.sm", "clocks.sm", ("Clocks", "SM")),
+    ("clocks.current.memory", "clocks.mem", ("Clocks", "Memory")),
+    ("clocks.current.video", "clocks.video", ("Clocks", "Video")),
+    ("clocks.max.graphics", "clocks.max.gr", ("Max Clocks", "Graphics")),
+    ("clocks.max.sm", None, ("Max Clocks", "SM")),
+    ("clocks.max.memory", "clocks.max.mem", ("Max Clocks", "Memory")),
+):
+    _field = (_name, "MHz", lambda m, g, u, _p=_path: _unit(_q_number(m, g, *_p), "MHz", u))
+    GPU_FIELDS[_name] = _field
+    if _alias:
+        GPU_FIELDS[_alias] = _field
 
 APP_FIELDS = {
     "timestamp": ("timestamp", None, lambda m, g, a, mib, u: time.strftime("%Y/%m/%d %H:%M:%S.000")),
@@ -836,7 +1063,8 @@ Usage: nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...
                                 memory.total, memory.used, memory.free, memory.reserved,
                                 driver_version, compute_cap, persistence_mode, power.limit,
                                 power.draw, mig.mode.current, temperature.gpu, utilization.gpu,
-                                pstate, ...).
+                                pstate, utilization.memory, temperature.memory, clocks.sm,
+                                ecc.mode.current, ecc.errors.*.volatile.total, fan.speed, ...).
     --query-compute-apps=       List of active compute processes (pid, process_name,
                                 used_memory, gpu_uuid, gpu_bus_id, gpu_name).
     --format=                   csv[,noheader][,nounits]

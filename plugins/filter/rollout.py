@@ -121,6 +121,16 @@ def _max_unavailable(value, total: int) -> int:
     return int(value)
 
 
+def rollout_min_in_router(total: int, max_unavailable) -> int:
+    """Workers of ``total`` that stay in the router while a rollout takes out at most ``max_unavailable`` (a
+    count or a percentage, rollout_max_unavailable), at least 1 while there is a worker: the floor the monitor's
+    critical alert on a gateway's healthy workers watches."""
+    total = int(total)
+    if total < 1:
+        return 0
+    return max(1, total - _max_unavailable(max_unavailable, total))
+
+
 def rollout_capacity_problems(batches: list, models: dict, in_router: list, max_unavailable) -> list[str]:
     """Problems of a batch plan against the disruption budget, one sentence each (empty: the plan is safe).
 
@@ -242,6 +252,7 @@ def rollout_gateway_view(results) -> dict:
 class FilterModule:
     def filters(self):
         return {
+            "rollout_min_in_router": rollout_min_in_router,
             "rollout_batches": rollout_batches,
             "rollout_capacity_problems": rollout_capacity_problems,
             "rollout_worker_models": rollout_worker_models,

@@ -50,6 +50,15 @@ options:
       nothing more to them (gone from its list, or listed as draining).
   urls: {type: list, elements: str, default: [], description: Worker URLs (http://host:port).}
   exclusive: {type: bool, default: false, description: With present, remove every other worker.}
+  worker_api_key:
+    type: str
+    default: ""
+    no_log: true
+    description:
+      - >-
+        The servers' API key, sent with each C(POST /workers) (smg 1.13.0's C(api_key) of a worker, crates/protocols
+        C(WorkerSpec)); smg uses it to read the worker's model information and to call it. Without it a server with
+        an API key is listed but no request for its model reaches it (smg answers 404 C(model_not_found)).
   runtime:
     type: str
     default: sglang
@@ -345,6 +354,7 @@ def main() -> None:
             "urls": {"type": "list", "elements": "str", "default": []},
             "exclusive": {"type": "bool", "default": False},
             "runtime": {"type": "str", "default": "sglang", "choices": list(RUNTIMES)},
+            "worker_api_key": {"type": "str", "default": "", "no_log": True},
             "wait_timeout": {"type": "int", "default": 120},
             "http_timeout": {"type": "int", "default": 10},
             "drain_timeout": {"type": "int", "default": 0},
@@ -414,7 +424,10 @@ def main() -> None:
         for url, (status, body) in get_each(wanted, "/v1/loads", p["http_timeout"]).items():
             at_removal[url] = running_requests(body) if status == 200 else None
     for url in added:
-        status, body = router.call("POST", "/workers", {"url": url, "runtime": p["runtime"]})
+        spec = {"url": url, "runtime": p["runtime"]}
+        if p["worker_api_key"]:
+            spec["api_key"] = p["worker_api_key"]  # smg's WorkerSpec.api_key: what smg sends to this worker
+        status, body = router.call("POST", "/workers", spec)
         if status not in (200, 201, 202):
             module.fail_json(msg=f"POST /workers {url} answered {status}: {body}", workers=current)
     for item in removed:

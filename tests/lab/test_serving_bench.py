@@ -12,6 +12,7 @@ and leaves it as it was.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -73,6 +74,7 @@ def fleet(tmp_path_factory):
     group_vars = GROUP_VARS | {
         "sglang_server_report_dir": str(reports / "deploy"),
         "serving_bench_reports_dir": str(reports),
+        "fleet_name": "bench-lab",
     }
     (inventory.parent / "group_vars/all.yml").write_text(json.dumps(group_vars, indent=1))
     (inventory.parent / "host_vars").mkdir()
@@ -161,6 +163,7 @@ def test_bench_baseline_gate_and_report(fleet):
     assert verdict["ok"] is False and verdict["baseline_host"] == "bench-01"
     md = (reports / "fleet-report.md").read_text()
     assert "REFUSED" in md and "below the baseline" in md
+    assert md.startswith("# gpufleet fleet report: bench-lab\n")  # the inventory's fleet_name
 
     # 3. the HTML page in headless Chromium, no network: tables, both plots, the gate's reason
     html = reports / "fleet-report.html"
@@ -196,8 +199,71 @@ def healthy_in_router(fleet) -> list[str]:
     return sorted(by_address.get(w["url"].rstrip("/"), w["url"]) for w in router_workers(fleet) if w["is_healthy"])
 
 
+class Clients:
+    """Clients that send short chat completions one after another from `workers` threads to one address and record
+    each request's latency; every failure counts, whatever its kind."""
+
+    def __init__(self, address: str, port: int, key: str | None = None, workers: int = 4):
+        self.address, self.port, self.key = address, port, key
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(workers)]
+
+    def _run(self, index: int) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            body = {
+                "model": "glm-5",
+                "messages": [{"role": "user", "content": f"client {index}-{n}"}],
+                "max_tokens": 16,
+                "ignore_eos": True,
+                "chat_template_kwargs": {"enable_thinking": False},
+            }
+            headers = {"Content-Type": "application/json"} | (
+                {"Authorization": f"Bearer {self.key}"} if self.key else {}
+            )
+            start = time.monotonic()
+            try:
+                conn = http.client.HTTPConnection(self.address, self.port, timeout=60)
+                conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                conn.close()
+                if resp.status != 200 or json.loads(data)["choices"][0]["message"]["content"] is None:
+                    raise RuntimeError(f"HTTP {resp.status}: {data[:200]!r}")
+                self.latencies.append(time.monotonic() - start)
+            except Exception as exc:
+                self.failures.append(f"client {index} request {n}: {exc!r}")
+                time.sleep(0.2)
+
+    def p(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=90)
+
+
 def test_tune_ranks_variants_and_leaves_the_canary_as_it_was(fleet):
+    """Under client load through the gateway, the whole sweep: the canary is out of the router while it runs variants
+    (clients see no failed request and no latency beyond what bench-02 alone gives: the capacity lost), the running
+    configuration is measured as the control, and the canary ends as it was."""
     reports, host = fleet["reports"], fleet["hosts"]["bench-01"]
+    gateway, other = fleet["hosts"][GATEWAY]["address"], fleet["hosts"]["bench-02"]["address"]
+    # the capacity left while the canary is out: the same clients straight at bench-02 (the slower host), 20 s
+    with Clients(other, 8000, key=KEY) as alone:
+        time.sleep(20)
+    assert not alone.failures and len(alone.latencies) > 20, (alone.failures[:3], len(alone.latencies))
+    assert healthy_in_router(fleet) == sorted(HOSTS), router_workers(fleet)  # both serve before the sweep
     # While the sweep runs, the router is read every second with the canary's running max-running-requests: the canary
     # is never in the router while it runs a variant (or restarts), and it is back at the end.
     seen, stop = [], threading.Event()
@@ -227,11 +293,24 @@ def test_tune_ranks_variants_and_leaves_the_canary_as_it_was(fleet):
              "serving_bench_concurrencies": [16], "serving_bench_tune_concurrency": 16}  # fmt: skip
     # five safe restarts and three benchmarks: 600 s was not enough on this 2-core machine at load 29
     try:
-        rc, out = playbook(fleet, "playbooks/tune.yml", extra, timeout=1800)
+        # the servers ask for a key, so the gateway does too (fleet_router_worker_api_key): clients send it
+        with Clients(gateway, 30000, key=KEY) as clients:
+            rc, out = playbook(fleet, "playbooks/tune.yml", extra, timeout=1800)
     finally:
         stop.set()
         watcher.join(timeout=30)
     assert rc == 0, out[-5000:]
+    assert not clients.failures and clients.latencies, (len(clients.failures), clients.failures[:5])
+    measured = {
+        "bench-02 alone": {"requests": len(alone.latencies), "p50_s": alone.p(0.5), "p99_s": alone.p(0.99)},
+        "gateway during tune.yml": {"requests": len(clients.latencies), "failed": len(clients.failures),
+                                    "p50_s": clients.p(0.5), "p99_s": clients.p(0.99), "max_s": max(clients.latencies)},
+    }  # fmt: skip
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "tune-under-load.json").write_text(json.dumps(measured, indent=1))
+    print("tune.yml under client load:", json.dumps(measured))
+    # the canary's variants (one lets 2 requests run) and restarts never reach a client: what is left is bench-02's
+    assert clients.p(0.99) <= 2 * alone.p(0.99) + 1.0, measured
     variants_seen = [in_router for mrr, in_router in seen if mrr not in (None, 64)]
     assert variants_seen and not any(variants_seen), seen  # variants ran, never in the router
     assert healthy_in_router(fleet) == sorted(HOSTS)  # back in after the sweep

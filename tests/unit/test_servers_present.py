@@ -48,7 +48,20 @@ def test_a_limit_that_names_no_server_is_refused_and_one_that_does_is_not(tmp_pa
     out = " ".join(proc.stdout.split())
     assert proc.returncode == 2 and "has 1 host(s) in group sglang_servers and --limit gw-01 names none of them" in out
     proc = run(inventory, "playbooks/servers_present.yml", "-l", "gpu-01")
-    assert proc.returncode == 0 and "gpu-01 : ok=1" in " ".join(proc.stdout.split()), proc.stdout[-2000:]
+    assert proc.returncode == 0 and "gpu-01 : ok=2" in " ".join(proc.stdout.split()), proc.stdout[-2000:]
+
+
+def test_a_monitor_group_with_no_host_is_refused(tmp_path):
+    """A fleet_monitors group with no host would leave the fleet unwatched while the inventory says it is monitored:
+    refused by the first play, before any host is contacted; no group at all is a fleet without monitoring."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(FLEET + "    fleet_monitors:\n      hosts: {}\n")
+    proc = run(inventory, "playbooks/servers_present.yml")
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode == 2, out[-2000:]
+    assert "has a group fleet_monitors with no host: the fleet would run unwatched" in out
+    inventory.write_text(FLEET)
+    assert run(inventory, "playbooks/servers_present.yml").returncode == 0
 
 
 def test_a_bad_serial_is_refused_by_the_first_play_whether_or_not_the_hosts_are_converged(tmp_path):

@@ -15,6 +15,13 @@ JSON {"workers": [<url>, ...]}, kept by gpufleet.fleet.fleet_router_workers at e
 with the 1.13.0 wheel on the lab: docs/fleet-router.md "A router restart"), so the router listens at once and a
 crash, an OOM kill or a reboot of the gateway comes back serving the recorded workers that answer, without Ansible.
 A worker a rollout took out is not in the record, so it stays out. No record: no workers (the first deploy).
+
+Servers with an API key (sglang_server_api_key): GPUFLEET_SMG_WORKER_API_KEY (same EnvironmentFile) becomes smg's
+`--api-key`, the key smg gives the workers it starts with (model_gateway/src/workflow/job_queue.rs
+`InitializeWorkersFromConfig`: `spec.api_key.clone_from(&api_key)`) and asks of its clients on the serving path, so
+a fleet whose servers ask for a key is not opened to anyone by its gateway. Without it smg reaches a keyed server's
+/health (SGLang needs no key there) but not its model information: the worker is listed, and no request for the
+model finds it (smg answers 404 model_not_found).
 """
 
 import json
@@ -23,6 +30,7 @@ import sys
 
 ENV_NAME = "GPUFLEET_SMG_CONTROL_PLANE_API_KEYS"
 WORKERS_ENV = "GPUFLEET_SMG_WORKERS_FILE"
+WORKER_KEY_ENV = "GPUFLEET_SMG_WORKER_API_KEY"
 
 
 def recorded_workers(path: str) -> list[str]:
@@ -52,9 +60,13 @@ def main() -> None:
         # The worker-management API of smg answers anyone when no key is configured: refuse to start.
         sys.exit(f"gpufleet-smg-launch: {ENV_NAME} is empty: the gateway's worker API would be open to anyone")
     workers = recorded_workers(os.environ.get(WORKERS_ENV, ""))
+    # The servers' API key (see the module docstring): the key of the workers smg starts with, and of its clients.
+    worker_key = os.environ.pop(WORKER_KEY_ENV, "").strip()
     from smg.launch_router import launch_router, parse_router_args
 
     argv = [*sys.argv[1:], *(["--worker-urls", *workers] if workers else []), "--control-plane-api-keys", *entries]
+    if worker_key:
+        argv += ["--api-key", worker_key]
     launch_router(parse_router_args(argv))
 
 

@@ -9,10 +9,10 @@ plots (matplotlib, Agg) are PNG images in data: URIs, the style is inline, nothi
 
 from __future__ import annotations
 
+import argparse
 import base64
 import io
 import json
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,8 +30,9 @@ def load(path: Path) -> dict | None:
         return None
 
 
-def collect(reports: Path) -> dict:
-    deploy = {p.stem: d for p in sorted((reports / "deploy").glob("*.json")) if (d := load(p)) and "host" in d}
+def collect(reports: Path, deploy_dir: Path | None = None) -> dict:
+    deploy_dir = deploy_dir or reports / "deploy"
+    deploy = {p.stem: d for p in sorted(deploy_dir.glob("*.json")) if (d := load(p)) and "host" in d}
     bench_latest, history = {}, {}
     for host_dir in sorted(p for p in (reports / "bench").glob("*") if p.is_dir()):
         runs = sorted(
@@ -164,7 +165,8 @@ def host_rows(data: dict) -> list[dict]:
 
 
 def markdown(data: dict, rows: list[dict]) -> str:
-    out = [f"# gpufleet fleet report\n\nWritten {data['generated']}. HTML with plots: `fleet-report.html`.\n"]
+    title = f"gpufleet fleet report: {data['fleet']}" if data["fleet"] else "gpufleet fleet report"
+    out = [f"# {title}\n\nWritten {data['generated']}. HTML with plots: `fleet-report.html`.\n"]
     for r in rows:
         out.append(f"## {r['host']}\n")
         out.append("| field | value |\n|---|---|")
@@ -215,8 +217,17 @@ def markdown(data: dict, rows: list[dict]) -> str:
 
 
 def main() -> None:
-    reports, template = Path(sys.argv[1]), Path(sys.argv[2])
-    data = collect(reports)
+    parser = argparse.ArgumentParser(description="Write fleet-report.md and .html into a fleet's reports folder.")
+    parser.add_argument("reports", type=Path, help="the fleet's reports folder (bench/, gate/, tune/, baselines/)")
+    parser.add_argument("template", type=Path, help="templates/fleet-report.html.j2")
+    parser.add_argument(
+        "--deploy-dir", type=Path, default=None, help="sglang_server's deploy reports (default reports/deploy)"
+    )
+    parser.add_argument("--fleet", default="", help="the fleet's name, shown in the title")
+    args = parser.parse_args()
+    reports, template = args.reports, args.template
+    data = collect(reports, args.deploy_dir)
+    data["fleet"] = args.fleet
     data["generated"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     rows = host_rows(data)
     plots = {"throughput": plot_throughput(data), "latency": plot_latency(data)}

@@ -10,6 +10,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -510,3 +511,146 @@ def test_gpu_reset_releases_a_leaked_allocation_of_a_dead_process(smi, state_dir
     assert list(state_dir.iterdir()) == []
     assert smi("h200x2-vm", "-r", "-i", "5").returncode == 6
     assert smi("h200x2-vm", "-r", "-q").returncode == 2
+
+
+# ----------------------------------------------------------------------------- metrics fields (1x H200 captures)
+
+METRICS_CAPTURES = REPO / "tests" / "unit" / "fixtures" / "gpu-hosts" / "h200x1-metrics"
+# The query of the real 1x H200 metrics captures (their README's Q): every field node_exporter's GPU script
+# and alert work may ask for.
+METRICS_FIELDS = re.search(r"^Q = `([^`]+)`", (METRICS_CAPTURES / "README.md").read_text(encoding="utf-8"), re.M).group(
+    1
+)
+# Columns whose values belong to the machine and moment (the capture's H200 is another one than the profile's).
+MACHINE_COLUMNS = {"uuid", "temperature.gpu", "temperature.memory", "power.draw", "clocks.sm"}
+
+
+def metrics_capture(name):
+    return (METRICS_CAPTURES / name).read_text(encoding="utf-8")
+
+
+def shape(value):
+    """A value's form: digits and hex letters folded (``116.60 W`` and ``75.36 W`` are both ``x.x W``)."""
+    return re.sub(r"[0-9a-f]+", "x", value)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "capture"),
+    [("csv", "query-metrics-idle.csv"), ("csv,noheader,nounits", "query-metrics-idle-nounits.csv")],
+)
+@pytest.mark.parametrize("profile", ["h200x1-vm", "h200x2-vm"])
+def test_h200_metrics_query_answers_like_the_real_h200(smi, profile, fmt, capture):
+    """Same header (canonical names such as clocks.current.sm, units only where the real tool prints them), same
+    value forms, and the real idle values wherever they do not depend on the machine."""
+    result = smi(profile, f"--query-gpu={METRICS_FIELDS}", f"--format={fmt}", "-i", "0")
+    assert result.returncode == 0, result.stdout + result.stderr
+    got, want = result.stdout.splitlines(), metrics_capture(capture).splitlines()
+    assert len(got) == len(want)
+    if fmt == "csv":
+        assert got[0] == want[0]
+    fields = METRICS_FIELDS.split(",")
+    row, real = got[-1].split(", "), want[-1].split(", ")
+    assert len(row) == len(real) == len(fields)
+    for field, value, expected in zip(fields, row, real, strict=True):
+        assert shape(value) == shape(expected), (field, value, expected)
+        if field not in MACHINE_COLUMNS:
+            assert value == expected, (field, value, expected)
+
+
+def test_metrics_fields_with_and_without_units_agree(smi):
+    for profile in RENDERED_PROFILES:
+        units = smi(profile, f"--query-gpu={METRICS_FIELDS}", "--format=csv").stdout.splitlines()
+        bare = smi(profile, f"--query-gpu={METRICS_FIELDS}", "--format=csv,noheader,nounits").stdout.splitlines()
+        assert len(units) == len(bare) + 1 == len(load_profile(profile)["gpus"]) + 1
+        for with_units, without in zip(units[1:], bare, strict=True):
+            assert [re.sub(r" (%|MiB|W|MHz)$", "", v) for v in with_units.split(", ")] == without.split(", ")
+        rows = nsp.parse_csv_query("\n".join(units), fields=METRICS_FIELDS)
+        assert rows == nsp.parse_csv_query("\n".join(bare), header=False, fields=METRICS_FIELDS)
+
+
+def test_script_metrics_query_on_the_sim_is_the_real_nounits_shape(smi):
+    """node_exporter's gpufleet_gpu_metrics.py query: the simulated H200 prints what the real one printed."""
+    fields = (
+        "index,uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw,"
+        "ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total"
+    )
+    sim = smi("h200x1-vm", f"--query-gpu={fields}", "--format=csv,noheader,nounits").stdout
+    assert sim == "0, GPU-c0345594-416e-e0e4-2789-de58435583a0, NVIDIA H200, 0, 0, 143771, 33, 75.36, 0, 0\n"
+    real_row = metrics_capture("query-metrics-idle-nounits.csv").strip().split(", ")
+    real = dict(zip(METRICS_FIELDS.split(","), real_row, strict=True))
+    assert shape(sim.strip()) == shape(", ".join(real[f] for f in fields.split(",")))
+
+
+def test_field_aliases_print_the_canonical_header(smi):
+    out = smi(
+        "h200x1-vm",
+        "--query-gpu=clocks.sm,clocks.current.sm,clocks.mem,clocks.gr,clocks.max.sm,clocks.max.mem,"
+        "clocks_throttle_reasons.active,pcie.link.gen.max,pcie.link.width.max,ecc.mode.pending",
+        "--format=csv",
+    ).stdout
+    assert out == (
+        "clocks.current.sm [MHz], clocks.current.sm [MHz], clocks.current.memory [MHz], "
+        "clocks.current.graphics [MHz], clocks.max.sm [MHz], clocks.max.memory [MHz], clocks_event_reasons.active, "
+        "pcie.link.gen.max, pcie.link.width.max, ecc.mode.pending\n"
+        "345 MHz, 345 MHz, 3201 MHz, 345 MHz, 1980 MHz, 3201 MHz, 0x0000000000000001, 5, 16, Enabled\n"
+    )
+
+
+def profile_copy(tmp_path, base, **gpu_fields):
+    d = tmp_path / f"{base}-custom"
+    shutil.copytree(PROFILES / base, d)
+    data = json.loads((d / "profile.json").read_text(encoding="utf-8"))
+    for gpu in data["gpus"]:
+        for key, value in gpu_fields.items():
+            if value is None:
+                gpu.pop(key, None)
+            else:
+                gpu[key] = value
+    (d / "profile.json").write_text(json.dumps(data), encoding="utf-8")
+    return d
+
+
+ECC_QUERY = "ecc.mode.current,ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total"
+
+
+@pytest.mark.parametrize(
+    ("fields", "answer", "cell", "q_mode", "q_dram"),
+    [
+        ({}, "Enabled, 0, 0", "0", "Enabled", "0"),
+        ({"ecc_errors": "N/A"}, "[N/A], [N/A], [N/A]", "N/A", "N/A", "N/A"),
+        ({"ecc_errors": None, "ecc_mode": "N/A"}, "[N/A], [N/A], [N/A]", "N/A", "N/A", "N/A"),
+        ({"ecc_errors": None, "ecc_mode": "Disabled"}, "Disabled, [N/A], [N/A]", "Off", "Disabled", "N/A"),
+        ({"ecc_errors": "2", "ecc_corrected_volatile": 7}, "Enabled, 7, 2", "2", "Enabled", "2"),
+    ],
+    ids=["h200", "no-ecc", "no-ecc-mode", "ecc-disabled", "errors"],
+)
+def test_ecc_fields_follow_the_profile(smi, tmp_path, fields, answer, cell, q_mode, q_dram):
+    d = profile_copy(tmp_path, "h200x1-vm", **fields)
+    out = smi("custom", f"--query-gpu={ECC_QUERY}", "--format=csv,noheader", profile_dir=d).stdout
+    assert out == answer + "\n"
+    table = smi("custom", profile_dir=d).stdout
+    assert f"|   0  NVIDIA H200                    On  |   00000000:00:06.0 Off |{cell:>21} |" in table
+    q = smi("custom", "-q", profile_dir=d, replay=False).stdout
+    assert f"        Current                                        : {q_mode}\n        Pending" in q
+    assert f"            DRAM Uncorrectable                         : {q_dram}\n" in q
+
+
+def test_the_rest_of_the_metrics_fields_follow_the_profile(smi, tmp_path):
+    d = profile_copy(
+        tmp_path,
+        "h200x1-vm",
+        fan="45%",
+        utilization_memory=25,
+        temperature_memory_c=52,
+        clocks_event_reasons=4,
+    )
+    out = smi(
+        "custom",
+        "--query-gpu=fan.speed,utilization.memory,temperature.memory,clocks_event_reasons.active",
+        "--format=csv",
+        profile_dir=d,
+    ).stdout
+    assert out == (
+        "fan.speed [%], utilization.memory [%], temperature.memory, clocks_event_reasons.active\n"
+        "45 %, 25 %, 52, 0x0000000000000004\n"
+    )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 import subprocess
 import sys
@@ -75,7 +74,8 @@ def test_defaults_match_sglang():
     args = cli.finalize(cli.parse(["--model-path", "/m"]))
     assert (args.host, args.port) == ("127.0.0.1", 30000)
     assert args.served_model_name == "/m" and args.tokenizer_path == "/m"
-    assert args.mem_fraction_static == cli.DEFAULT_MEM_FRACTION == 0.88
+    # resolved later from the GPUs (resolve.py, server_args.py:1020); 0.88 only when the GPU memory is unknown
+    assert args.mem_fraction_static is None and cli.DEFAULT_MEM_FRACTION == 0.88
     assert args.nnodes == 1 and args.base_gpu_id == 0
 
 
@@ -303,19 +303,3 @@ def test_speed_model_saturates(monkeypatch):
     assert agg == sorted(agg)
     assert agg[-1] < 60 * 32  # bounded by R * K
     assert e.per_request_rate(64) < e.per_request_rate(8) < e.per_request_rate(1)
-
-
-def test_metrics_text_shape():
-    e = engine.Engine("glm-5", faults.Faults())
-    text = e.metrics_text()
-    for name in (
-        "sglang:num_running_reqs",
-        "sglang:num_queue_reqs",
-        "sglang:gen_throughput",
-        "sglang:token_usage",
-        "sglang:prompt_tokens_total",
-        "sglang:generation_tokens_total",
-        "sglang:time_to_first_token_seconds_bucket",
-    ):
-        assert f'{name}{{model_name="glm-5"' in text, name
-    json.dumps(text)

@@ -227,4 +227,5 @@ def test_fault_leak_gpu_memory(make_sim):
     assert _wait_dead(kids, 2.0)
     reg = s.registry()
     assert len(reg) == 2 and all(e["leak"] is True for e in reg.values())  # processes gone, memory "used"
-    assert all(sum(e["gpus"].values()) == int(0.88 * (GPU_TOTAL_MIB - GPU_RESERVED_MIB)) for e in reg.values())
+    # no --mem-fraction-static: 0.5.9's own on 16 GiB GPUs, tp 2 (server_args.py:1020-1063): 0.765
+    assert all(sum(e["gpus"].values()) == int(0.765 * (GPU_TOTAL_MIB - GPU_RESERVED_MIB)) for e in reg.values())

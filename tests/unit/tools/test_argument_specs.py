@@ -28,7 +28,10 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
-ROLES = sorted(p.parent.parent.name for p in (ROOT / "roles").glob("*/meta/argument_specs.yml"))
+# every role but fleet_common, whose validate_inputs entry point is the check itself (included by the others)
+ROLES = sorted(
+    p.parent.parent.name for p in (ROOT / "roles").glob("*/meta/argument_specs.yml") if "fleet_common" not in p.parts
+)
 RULE_KEYS = {"min", "max", "above", "below", "match", "is", "why"}
 # The wrong value of each spec type that Ansible's validator refuses (str and path accept any scalar by
 # conversion, so their wrong value is a mapping, refused by validate_inputs' second task).
@@ -139,14 +142,15 @@ def ansible_templating():
         return value
 
     def problems(role: str, values: dict) -> str:
-        """The second task of the role's validate_inputs.yml, rendered with its own vars over the role defaults."""
-        task = yaml.safe_load((ROOT / "roles" / role / "tasks" / "validate_inputs.yml").read_text())[1]
+        """The second task of fleet_common's validate_inputs.yml, as the role's validate_inputs.yml includes it,
+        rendered with its own vars over the role defaults."""
+        task = yaml.safe_load((ROOT / "roles/fleet_common/tasks/validate_inputs.yml").read_text())[1]
         defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text()) or {}
         # The defaults stand for themselves (literal), the values under test override them.
         variables = {k: v for k, v in defaults.items() if not (isinstance(v, str) and "{{" in v)}
         variables.update(trust(task["vars"]))
         variables.update(values)
-        variables["role_path"] = str(ROOT / "roles" / role)
+        variables["ansible_parent_role_paths"] = [str(ROOT / "roles" / role)]
         problems_var = next(k for k in task["vars"] if k.endswith("_problems"))
         templar = Templar(loader=DataLoader(), variables=variables)
         return templar.template(trust("{{ " + problems_var + " | default('', true) | trim }}"))
@@ -211,19 +215,28 @@ def test_range_tables_name_spec_variables_and_no_secret():
 
 
 def test_validate_inputs_first_and_the_same_generic_checks_in_every_role():
-    generic = None
+    """Every role checks its inputs first, one way: its validate_inputs.yml starts by including fleet_common's
+    (the spec check, then the ranges, read from the including role's meta/); the check is never pasted into a role."""
+    common = yaml.safe_load((ROOT / "roles/fleet_common/tasks/validate_inputs.yml").read_text())
+    assert "ansible.builtin.validate_argument_spec" in common[0] and "ansible.builtin.assert" in common[1]
     for role in ROLES:
-        tasks = yaml.safe_load((ROOT / "roles" / role / "tasks" / "validate_inputs.yml").read_text())
-        assert "ansible.builtin.validate_argument_spec" in tasks[0], (
-            f"{role}: validate_inputs starts with the spec check"
+        if role == "fleet_common":
+            continue
+        text = (ROOT / "roles" / role / "tasks" / "validate_inputs.yml").read_text()
+        first = yaml.safe_load(text)[0]
+        include = first.get("ansible.builtin.include_role", {})
+        assert include.get("name") == "fleet_common" and include.get("tasks_from") == "validate_inputs", (
+            f"{role}: validate_inputs starts with fleet_common's check"
         )
         # the rollout's settings are the run's: it checks them once (run_once), on the first host of its plan play
-        assert all(t.get("run_once", False) is (role == "rollout") for t in tasks[:2]), f"{role}: run_once"
-        generic_tasks = [{k: v for k, v in t.items() if k != "run_once"} for t in tasks[:2]]
-        text = yaml.safe_dump(generic_tasks, width=10**6).replace(f"_{role}_", "_ROLE_").replace(f"{role}: ", "ROLE: ")
-        generic = generic or text
-        assert text == generic, f"roles/{role}/tasks/validate_inputs.yml: its first two tasks drifted from the others"
-    main_first = {role: yaml.safe_load((ROOT / "roles" / role / "tasks" / "main.yml").read_text())[0] for role in ROLES}
+        assert first.get("run_once", False) is (role == "rollout"), f"{role}: run_once"
+        assert include.get("apply", {}).get("run_once", False) is (role == "rollout"), f"{role}: run_once applied"
+        assert "validate_argument_spec" not in text and "argument_ranges.yml')" not in text, f"{role}: pasted check"
+    main_first = {
+        role: yaml.safe_load((ROOT / "roles" / role / "tasks" / "main.yml").read_text())[0]
+        for role in ROLES
+        if role != "fleet_common"
+    }
     for role, task in main_first.items():
         text = json.dumps(task)
         assert (
@@ -327,7 +340,12 @@ def test_real_runs_refuse_at_the_first_task_naming_every_variable(tmp_path):
         assert len(failed) == 1, f"{host}: {[n for n, _ in failed]}"
         name, result = failed[0]
         # Before the refusal only the include (and, for a range, the spec check that passed): nothing else ran.
-        before = [n for n, r in seen[: seen.index(failed[0])] if n not in ("The entry point under test", "Refused")]
+        # (the include of fleet_common's check is the role's first task, not a change)
+        before = [
+            n
+            for n, r in seen[: seen.index(failed[0])]
+            if n not in ("The entry point under test", "Refused") and not n.endswith("(fleet_common)")
+        ]
         if action == "validate_argument_spec":
             assert "argument_errors" in result, f"{host}: {name}: {result.get('msg')}"
             assert not before, f"{host}: tasks ran before the refusal: {before}"

@@ -105,7 +105,9 @@ def test_every_default_is_in_the_main_spec(role_dir):
 
 
 def test_all_roles_are_covered():
-    assert set(ROLE_IDS) == {p.name for p in (REPO / "roles").iterdir() if p.is_dir()}
+    # fleet_common has no variables (its one entry point reads the including role's), so no table to render
+    assert set(ROLE_IDS) | {"fleet_common"} == {p.name for p in (REPO / "roles").iterdir() if p.is_dir()}
+    assert (REPO / "roles/fleet_common/README.md").is_file()
     assert set(NOT_IN_MAIN) <= set(ROLE_IDS)
 
 

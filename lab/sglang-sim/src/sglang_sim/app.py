@@ -16,13 +16,15 @@ import time
 import urllib.error
 import urllib.request
 
-from . import cli, gpus
+from . import SERVER_VERSION, SIM_HEADER_VALUE, cli, gpus
 from .engine import Engine, env_float
-from .faults import Faults
+from .faults import Faults, FaultSource
 from .http_api import SimHTTPServer, access_log_default, bind_error_message
 from .log import log
+from .metrics import SglangMetrics
 from .multinode import Rendezvous, RendezvousError, launch_dummy_health_check_server
 from .procutil import kill_process_tree
+from .resolve import load_model_config, server_args_dict
 
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KV_BYTES_PER_TOKEN = 80 * 1024
@@ -43,15 +45,67 @@ def _env_bool(name: str, default: bool) -> bool:
 
 
 def cuda_graph_bs_list(args: argparse.Namespace) -> list[int]:
-    if args.cuda_graph_bs:
-        return sorted({int(b) for b in args.cuda_graph_bs})
-    max_bs = args.cuda_graph_max_bs or args.max_running_requests or 256
-    max_bs = max(1, int(max_bs))
-    bs = [b for b in (1, 2, 4, 8, 12) if b <= max_bs]
-    bs += list(range(16, max_bs + 1, 8))
-    if max_bs not in bs:
-        bs.append(max_bs)
-    return sorted(set(bs))
+    """``model_executor/cuda_graph_runner.py:190 get_batch_sizes_to_capture``: ``server_args.cuda_graph_bs`` (as
+    ``resolve`` set it: server_args.py:1000-1004), plus the request pool size when the list goes past it, then
+    capped at it (the pool: ``--max-running-requests``, else 4096 in the simulator)."""
+    capture = [int(b) for b in (args.cuda_graph_bs or [])]
+    if not capture:
+        max_bs = int(args.cuda_graph_max_bs or 160)
+        capture = [b for b in [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16)] if b <= max_bs]
+    pool = int(args.max_running_requests or 4096)
+    if max(capture) > pool:
+        capture.append(pool)
+    return sorted({b for b in capture if 0 < b <= pool})
+
+
+def scheduler_metric_labels(args: argparse.Namespace) -> list[dict[str, object]]:
+    """The label sets of the schedulers of this node that log metrics (``current_scheduler_metrics_enabled``:
+    ``attn_tp_rank == 0`` or ``--enable-metrics-for-all-schedulers``, managers/scheduler_metrics_mixin.py:100),
+    each with 0.5.9's labels (scheduler_metrics_mixin.py:114; ranks: entrypoints/engine.py:939-969)."""
+    tp, pp = cli.tp_size(args), cli.pp_size(args)
+    nnodes, node_rank = int(args.nnodes or 1), int(args.node_rank or 0)
+    local = tp * pp // nnodes
+    dp = int(args.data_parallel_size or 1)
+    attn_tp = max(1, tp // (dp if args.enable_dp_attention else 1) // int(args.attention_context_parallel_size or 1))
+    moe_dp = int(args.moe_data_parallel_size or 1)
+    ep = int(args.expert_parallel_size or 1)
+    mode = str(args.disaggregation_mode or "null")
+    engine_type = {"prefill": "prefill", "decode": "decode"}.get(mode, "unified")
+    out = []
+    for i in range(local):
+        g = node_rank * local + i
+        tp_rank, pp_rank = g % tp, g // tp
+        if tp_rank % attn_tp != 0 and not args.enable_metrics_for_all_schedulers:
+            continue
+        moe_ep_rank = tp_rank % (tp // moe_dp) // max(1, tp // moe_dp // ep)
+        labels: dict[str, object] = {
+            "model_name": args.served_model_name,
+            "engine_type": engine_type,
+            "tp_rank": tp_rank,
+            "pp_rank": pp_rank,
+            "moe_ep_rank": moe_ep_rank,
+        }
+        if isinstance(args.extra_metric_labels, dict):
+            labels.update(args.extra_metric_labels)
+        out.append(labels)
+    return out
+
+
+def tokenizer_metric_labels(args: argparse.Namespace) -> dict[str, object]:
+    """managers/tokenizer_manager.py:433-441."""
+    labels: dict[str, object] = {"model_name": args.served_model_name}
+    for label in args.tokenizer_metrics_allowed_custom_labels or []:
+        labels[label] = ""
+    if isinstance(args.extra_metric_labels, dict):
+        labels.update(args.extra_metric_labels)
+    return labels
+
+
+def proc_cpu_seconds(pid: int) -> float | None:
+    fields = gpus.proc_stat_fields(pid)
+    if not fields or len(fields) < 13:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 class Child:
@@ -87,7 +141,8 @@ class App:
         self.handle_loop_at: float | None = None
         self.uvicorn_exit = False
         self.unhealthy = False  # ServerStatus.UnHealthy (a failed /health generation): SIGTERM force-exits
-        self.model_type = "SimulatedForCausalLM"
+        self.model_config = load_model_config(args.model_path)
+        self.model_type = self.model_config.arch or "SimulatedForCausalLM"
         self.context_len = int(args.context_length or 131072)
         self.access_log = access_log_default()
         self.exclude_prefixes = list(args.uvicorn_access_log_exclude_prefixes or [])
@@ -102,20 +157,41 @@ class App:
         self.rendezvous: Rendezvous | None = None
         self.local = self.world // self.nnodes
         first = profile.gpu(int(args.base_gpu_id or 0)) or profile.gpus[0]
-        self.budget_mib = int(float(args.mem_fraction_static) * first.usable_mib)
+        self.mem_fraction = float(args.mem_fraction_static or cli.DEFAULT_MEM_FRACTION)
+        self.budget_mib = int(self.mem_fraction * first.usable_mib)
         self.graph_mib = 0 if args.disable_cuda_graph else min(int(self.budget_mib * 0.015), 4096)
         self.weights_mib = int(self.budget_mib * self.weights_share)
         kv_mib = max(0, self.budget_mib - self.weights_mib - self.graph_mib)
         self.kv_tokens = int(kv_mib * 1024 * 1024 // KV_BYTES_PER_TOKEN)
+        self.page_size = int(args.page_size or 1)
+        self.detok_started: float | None = None
+        self.metrics: SglangMetrics | None = None
+        if args.enable_metrics and self.node_rank == 0:
+            self.metrics = SglangMetrics(
+                tokenizer_labels=tokenizer_metric_labels(args),
+                scheduler_labels=scheduler_metric_labels(args),
+                bucket_time_to_first_token=args.bucket_time_to_first_token,
+                bucket_inter_token_latency=args.bucket_inter_token_latency,
+                bucket_e2e_request_latency=args.bucket_e2e_request_latency,
+                collect_tokens_histogram=bool(args.collect_tokens_histogram),
+                prompt_tokens_buckets=args.prompt_tokens_buckets,
+                generation_tokens_buckets=args.generation_tokens_buckets,
+                page_size=self.page_size,
+                max_total_num_tokens=self.kv_tokens,
+                detokenizer_cpu=self._detokenizer_cpu,
+            )
+        self.fault_source = FaultSource(faults)
         self.engine = Engine(
             args.served_model_name,
-            faults,
+            self.fault_source,
             max_running_requests=args.max_running_requests,
             kv_tokens=self.kv_tokens,
-            ttft_buckets=args.bucket_time_to_first_token,
-            e2e_buckets=args.bucket_e2e_request_latency,
             cuda_graph=not args.disable_cuda_graph,
+            cuda_graph_max_bs=args.cuda_graph_max_bs,
             nan_detection=bool(args.enable_nan_detection),
+            metrics=self.metrics,
+            page_size=self.page_size,
+            decode_log_interval=int(args.decode_log_interval or 40),
         )
         # TokenizerManager.server_status of 0.5.9: Starting -> Up (warm-up done / health check passed),
         # UnHealthy after a failed health check
@@ -166,6 +242,40 @@ class App:
         )
         self.server_status = "UnHealthy"
         return 503
+
+    def server_info(self) -> dict:
+        """0.5.9 ``/server_info`` (entrypoints/http_server.py:593-610): ``dataclasses.asdict(server_args)``, then
+        ``scheduler_info`` (the first scheduler's ready message, managers/scheduler.py:3141), ``internal_states``
+        (one per DP rank: ``Scheduler.get_internal_state``, managers/scheduler.py:2650) and ``version``; the
+        simulator adds ``simulator``, ``simulator_name``, ``simulator_faults``, ``gpu_profile``."""
+        a = self.args
+        args = server_args_dict(a)
+        max_req_len = min(self.context_len - 1, self.kv_tokens - 1)
+        state = dict(args)
+        state.update(
+            {
+                "last_gen_throughput": self.engine.last_gen_throughput,
+                "memory_usage": {
+                    "weight": round(self.weights_mib / 1024, 2),
+                    "kvcache": round(max(0, self.budget_mib - self.weights_mib - self.graph_mib) / 1024, 2),
+                    "token_capacity": int(self.kv_tokens),
+                    "graph": round(self.graph_mib / 1024, 2),
+                },
+                "effective_max_running_requests_per_dp": int(a.max_running_requests or 4096),
+            }
+        )
+        return {
+            **args,
+            "status": "ready",
+            "max_total_num_tokens": self.kv_tokens,
+            "max_req_input_len": max_req_len - 5,
+            "internal_states": [state],
+            "version": SERVER_VERSION,
+            "simulator": True,
+            "simulator_name": SIM_HEADER_VALUE,
+            "simulator_faults": self.engine.faults.names(),
+            "gpu_profile": self.profile.name,
+        }
 
     def accepting_generation(self) -> bool:
         return self.state in ("ready", "draining")
@@ -325,7 +435,7 @@ class App:
             gpu_index = int(a.base_gpu_id or 0) + i
             gpu = self.profile.gpu(gpu_index)
             assert gpu is not None  # checked in launch_server.check_gpus
-            budget = int(float(a.mem_fraction_static) * gpu.usable_mib)
+            budget = int(self.mem_fraction * gpu.usable_mib)
             weights = int(budget * self.weights_share)
             graph = 0 if a.disable_cuda_graph else min(int(budget * 0.015), 4096)
             spec = {
@@ -377,6 +487,19 @@ class App:
             close_fds=True,
         )
         self.children.append(Child("detokenizer", detok))
+        self.detok_started = time.monotonic()
+        if self.metrics is not None:
+            first = next((c for c in self.schedulers()), None)
+            if first is not None:
+                self.metrics.set_scheduler_pid(first.pid)
+
+    def _detokenizer_cpu(self) -> tuple[float, float] | None:
+        """(start, CPU seconds) of the detokenizer, for metrics/cpu_monitor.py's counter."""
+        detok = next((c for c in self.children if c.kind == "detokenizer"), None)
+        if detok is None or self.detok_started is None:
+            return None
+        seconds = proc_cpu_seconds(detok.pid)
+        return None if seconds is None else (self.detok_started, seconds)
 
     def _read_status(self, child: Child) -> None:
         assert child.popen.stdout is not None
@@ -480,6 +603,7 @@ class App:
                 self.state = "ready"
                 continue
             if self.state == "starting" and all(c.status == "ready" for c in self.schedulers()):
+                self.engine.start_scheduler_loop()
                 rc = self._start_http()
                 if rc is not None:
                     return rc
@@ -559,9 +683,16 @@ class App:
         )
 
     def _warmup(self) -> None:
+        """0.5.9 ``_execute_server_warmup`` (http_server.py:1667): ``GET /model_info``, then one ``POST /generate``
+        of 8 tokens; both go through the HTTP middleware (``sglang:http_requests_total``)."""
         self._was_ready = True
         if self.args.skip_server_warmup:
             return
+        if self.metrics is not None:
+            self.metrics.http_begin("/model_info", "GET", None)
+            self.metrics.http_response("/model_info", "GET", 200)
+            self.metrics.http_end("/model_info", "GET", None)
+            self.metrics.http_begin("/generate", "POST", None)
         ptoks = len(WARMUP_PROMPT.split()) + 1
         log(
             f"Prefill batch, #new-seq: 1, #new-token: {ptoks}, #cached-token: 0, token usage: 0.00, "
@@ -574,5 +705,8 @@ class App:
             self.engine.generate(WARMUP_PROMPT, 8, rid=rid)
         finally:
             self.request_end(rid)
+            if self.metrics is not None:
+                self.metrics.http_response("/generate", "POST", 200)
+                self.metrics.http_end("/generate", "POST", None)
         if self.access_log_enabled("/generate"):
             log('INFO:     127.0.0.1:0 - "POST /generate HTTP/1.1" 200 OK')

@@ -288,8 +288,8 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
         args.tokenizer_path = args.model_path
     if args.served_model_name is None:
         args.served_model_name = args.model_path
-    if args.mem_fraction_static is None:
-        args.mem_fraction_static = DEFAULT_MEM_FRACTION
+    # mem_fraction_static: resolved from the GPUs (resolve.py, server_args.py:1020); DEFAULT_MEM_FRACTION (0.88) is
+    # 0.5.9's value when the GPU memory is unknown
     return args
 
 

@@ -13,6 +13,21 @@ Speed model (all knobs are environment variables, read once at start):
   rest of the answer is sent at once.
 * ``--max-running-requests N``: at most N requests run at once, the others wait in the queue
   (``sglang:num_queue_reqs``).
+
+Metrics (``--enable-metrics``, ``metrics.SglangMetrics``) follow 0.5.9's timing, not the instant state:
+
+* scheduler gauges are set by ``log_stats`` at a prefill (a request admitted: ``log_prefill_stats``), every
+  ``--decode-log-interval`` (40) decode steps (``log_decode_stats``) and, when idle, at most every 30 s
+  (``check_memory``; ``SGLANG_SIM_IDLE_METRICS_INTERVAL`` shortens it for tests): between those they keep their
+  last value, so ``sglang:num_running_reqs`` can stay > 0 for up to 30 s after the last request;
+* a decode step lasts ``1 / r(c)``; each counts in ``sglang:cuda_graph_passes_total`` and
+  ``sglang:realtime_tokens_total{mode="decode"}``;
+* the tokenizer side sees an output when the scheduler streams one: every token of a streamed request, every
+  50th token (``DEFAULT_FORCE_STREAM_INTERVAL``) and the last of a non-streamed one: the first output gives
+  ``sglang:time_to_first_token_seconds``, each later one ``sglang:inter_token_latency_seconds``; the counters and
+  ``sglang:e2e_request_latency_seconds`` move when the request finishes;
+* a prefix cache (pages of ``page_size`` tokens, LRU within the KV pool) gives ``cached_tokens``,
+  ``sglang:cache_hit_rate`` and a shorter prefill.
 """
 
 from __future__ import annotations
@@ -22,20 +37,22 @@ import os
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import textgen
-from .faults import Faults
+from .faults import Faults, FaultSource
 from .log import log
+from .metrics import SglangMetrics
 
-# SGLang's default histogram buckets (seconds); end-to-end latency has one more, longer bucket.
-# fmt: off
-TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0]
-# fmt: on
-E2E_BUCKETS = [*TTFT_BUCKETS, 800.0]
 NAN_LOG = "Detected errors during sampling! NaN in the logits."
+# managers/scheduler_output_processor_mixin.py:38: a non-streamed request is sent to the tokenizer every 50 tokens
+DEFAULT_FORCE_STREAM_INTERVAL = 50
+# managers/scheduler.py:811-823 with environ.py:225-227 (SGLANG_INIT_NEW_TOKEN_RATIO 0.7, factor 0.14, 600 steps)
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 
 
 def env_float(name: str, default: float, minimum: float | None = None) -> float:
@@ -56,21 +73,6 @@ class ClientGone(Exception):
     pass
 
 
-class Histogram:
-    def __init__(self, buckets: list[float]):
-        self.buckets = sorted(buckets)
-        self.counts = [0] * len(self.buckets)
-        self.total = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        for i, b in enumerate(self.buckets):
-            if value <= b:
-                self.counts[i] += 1
-        self.total += value
-        self.count += 1
-
-
 @dataclass
 class Result:
     rid: str
@@ -81,6 +83,7 @@ class Result:
     completion_tokens: int
     ttft: float
     e2e_latency: float
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -91,18 +94,54 @@ class _Running:
     started: float = field(default_factory=time.monotonic)
 
 
+class PrefixCache:
+    """The radix cache, coarsely: pages of ``page_size`` tokens keyed by their whole prefix, LRU-evicted beyond
+    the KV pool. A match stops one token short of the prompt (a request always computes its last token) and at a
+    page boundary, as ``RadixCache.match_prefix`` does."""
+
+    def __init__(self, capacity_tokens: int, page_size: int = 1):
+        self.page = max(1, int(page_size))
+        self.capacity = max(1, int(capacity_tokens) // self.page)
+        self.entries: OrderedDict[int, None] = OrderedDict()
+
+    def _keys(self, tokens: list[str], limit: int) -> list[int]:
+        keys, h = [], 0
+        for i in range(0, limit - limit % self.page, self.page):
+            h = hash((h, tuple(tokens[i : i + self.page])))
+            keys.append(h)
+        return keys
+
+    def match(self, tokens: list[str]) -> int:
+        n = 0
+        for key in self._keys(tokens, max(0, len(tokens) - 1)):
+            if key not in self.entries:
+                break
+            self.entries.move_to_end(key)
+            n += 1
+        return n * self.page
+
+    def insert(self, tokens: list[str]) -> None:
+        for key in self._keys(tokens, len(tokens)):
+            self.entries[key] = None
+            self.entries.move_to_end(key)
+        while len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)
+
+
 class Engine:
     def __init__(
         self,
         model_name: str,
-        faults: Faults,
+        faults: Faults | FaultSource,
         *,
         max_running_requests: int | None = None,
         kv_tokens: int = 100_000,
-        ttft_buckets: list[float] | None = None,
-        e2e_buckets: list[float] | None = None,
         cuda_graph: bool = True,
+        cuda_graph_max_bs: int | None = None,
         nan_detection: bool = False,
+        metrics: SglangMetrics | None = None,
+        page_size: int = 1,
+        decode_log_interval: int = 40,
     ):
         self.model_name = model_name
         self.nan_detection = nan_detection
@@ -110,29 +149,50 @@ class Engine:
         self.last_receive_tstamp = 0.0
         # set when the scheduler hangs (fault hang-after-ready): no request gets another token
         self.hung = threading.Event()
-        self.faults = faults
+        self.fault_source = faults if isinstance(faults, FaultSource) else FaultSource(faults, path="")
         self.max_running = max_running_requests if max_running_requests and max_running_requests > 0 else None
         self.kv_tokens = max(1, kv_tokens)
         self.cuda_graph = cuda_graph
+        self.cuda_graph_max_bs = cuda_graph_max_bs
         self.rate_single = env_float("SGLANG_SIM_TOKENS_PER_S", 60.0, 0.001)
         self.knee = env_float("SGLANG_SIM_SATURATION", 32.0, 0.001)
         self.prefill_rate = env_float("SGLANG_SIM_PREFILL_TOKENS_PER_S", 8000.0, 0.001)
         self.ttft_base = env_float("SGLANG_SIM_TTFT_BASE_S", 0.02, 0.0)
         self.max_request_s = env_float("SGLANG_SIM_MAX_REQUEST_SECONDS", 300.0, 0.0)
+        self.idle_log_s = env_float("SGLANG_SIM_IDLE_METRICS_INTERVAL", 30.0, 0.01)
         self.cond = threading.Condition()
         self.running: dict[str, _Running] = {}
         self.queued = 0
-        self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
-        self.requests_total = 0
-        self.ttft_hist = Histogram(ttft_buckets or TTFT_BUCKETS)
-        self.e2e_hist = Histogram(e2e_buckets or E2E_BUCKETS)
+        self.cache = PrefixCache(self.kv_tokens, page_size)
         self._recent: deque[tuple[float, int]] = deque()
         self._ids = itertools.count()
-        self.last_gen_throughput = 0.0
         # Set when a scheduler or the detokenizer died without an exception after start-up: 0.5.9's main
         # process does not notice (no SIGQUIT came), so running and new requests get no more tokens.
         self.stalled = threading.Event()
+        # scheduler-side metric state (managers/scheduler_metrics_mixin.py)
+        self.metrics = metrics
+        self.decode_log_interval = max(1, int(decode_log_interval or 40))
+        self.forward_ct_decode = 0
+        self.num_generated_tokens = 0  # decode tokens since the last decode log
+        self.last_decode_stats_tic = time.monotonic()
+        self.last_log_time = time.monotonic()  # SchedulerMetricsCollector.last_log_time
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.last_gen_throughput = 0.0
+        self._ticker: threading.Thread | None = None
+
+    def start_scheduler_loop(self) -> None:
+        """The schedulers are ready (their event loop starts): decode steps and idle checks from now on."""
+        if self.metrics is None or self._ticker is not None:
+            return
+        with self.cond:
+            self.last_log_time = self.last_decode_stats_tic = time.monotonic()
+        self._ticker = threading.Thread(target=self._scheduler_loop, name="sim-scheduler-stats", daemon=True)
+        self._ticker.start()
+
+    @property
+    def faults(self) -> Faults:
+        """The faults in force now (start-time ones merged with SGLANG_SIM_FAULT_FILE's)."""
+        return self.fault_source.current()
 
     # --- speed model
     def per_request_rate(self, concurrency: int) -> float:
@@ -159,15 +219,100 @@ class Engine:
             span = max(now - self._recent[0][0], 0.5)
             return sum(n for _, n in self._recent) / span
 
+    def _used_tokens(self) -> int:
+        return sum(r.prompt_tokens + r.generated for r in self.running.values())
+
     def snapshot(self) -> dict:
         with self.cond:
-            used = sum(r.prompt_tokens + r.generated for r in self.running.values())
+            used = self._used_tokens()
             return {
                 "num_running_reqs": len(self.running),
                 "num_queue_reqs": self.queued,
                 "num_used_tokens": used,
                 "token_usage": min(1.0, used / self.kv_tokens),
             }
+
+    # --- scheduler metrics (managers/scheduler_metrics_mixin.py), called with self.cond held
+    def _base_stats(self) -> dict[str, float]:
+        used = self._used_tokens()
+        return {
+            "num_used_tokens": used,
+            "token_usage": min(1.0, used / self.kv_tokens),
+            "num_queue_reqs": self.queued,
+            "max_total_num_tokens": self.kv_tokens,
+            "new_token_ratio": self.new_token_ratio,
+            "gen_throughput": self.last_gen_throughput,
+        }
+
+    def _log_stats(self, stats: dict[str, float]) -> None:
+        self.last_log_time = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.log_stats(stats)
+
+    def _log_prefill_stats(self, running_bs: int, new_tokens: int, cached_tokens: int) -> None:
+        """``log_prefill_stats`` (scheduler_metrics_mixin.py:160): gen_throughput keeps its last value."""
+        if self.metrics is None:
+            return
+        self.metrics.realtime_tokens_inc("prefill_compute", new_tokens)
+        self.metrics.realtime_tokens_inc("prefill_cache", cached_tokens)
+        total = new_tokens + cached_tokens
+        stats = self._base_stats()
+        stats.update({"num_running_reqs": running_bs, "cache_hit_rate": cached_tokens / total if total else 0.0})
+        self._log_stats(stats)
+
+    def _decode_step(self, batch: int) -> None:
+        """One decode forward of ``batch`` requests (scheduler_output_processor_mixin.py:438-442, 532-537)."""
+        self.forward_ct_decode = (self.forward_ct_decode + 1) % (1 << 30)
+        self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+        if self.metrics is None:
+            return
+        max_bs = self.cuda_graph_max_bs or batch
+        self.metrics.cuda_graph_pass(self.cuda_graph and batch <= max_bs)
+        if self.forward_ct_decode % self.decode_log_interval == 0:
+            now = time.monotonic()
+            gap = max(now - self.last_decode_stats_tic, 1e-6)
+            self.last_decode_stats_tic = now
+            self.last_gen_throughput = self.num_generated_tokens / gap
+            self.num_generated_tokens = 0
+            stats = self._base_stats()
+            stats.update(
+                {
+                    "num_running_reqs": len(self.running),
+                    "decode_sum_seq_lens": self._used_tokens(),
+                    "gen_throughput": self.last_gen_throughput,
+                    "cache_hit_rate": 0.0,
+                }
+            )
+            self._log_stats(stats)
+        self.metrics.realtime_tokens_inc("decode", batch)
+
+    def _idle_check(self) -> None:
+        """``self_check_during_idle`` -> ``check_memory`` (scheduler_runtime_checker_mixin.py:253): every 30 s."""
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        if time.monotonic() > self.last_log_time + self.idle_log_s:
+            stats = self._base_stats()
+            stats.update({"num_running_reqs": len(self.running), "gen_throughput": 0.0})
+            stats["token_usage"] = round(stats["token_usage"], 2)
+            self._log_stats(stats)
+
+    def _scheduler_loop(self) -> None:
+        """The scheduler's event loop, as far as the metrics see it: decode steps while requests run, the idle
+        check otherwise; nothing at all while the scheduler is stuck (hung/stalled)."""
+        while True:
+            if self.hung.is_set() or self.stalled.is_set():
+                time.sleep(0.2)
+                continue
+            with self.cond:
+                c = len(self.running)
+                if c == 0:
+                    self._idle_check()
+                    self.cond.wait(min(1.0, self.idle_log_s))
+                    continue
+            time.sleep(1.0 / self.per_request_rate(c))
+            with self.cond:
+                c = len(self.running)
+                if c and not (self.hung.is_set() or self.stalled.is_set()):
+                    self._decode_step(c)
 
     # --- generation
     def generate(
@@ -181,22 +326,32 @@ class Engine:
         prompt_tokens: int | None = None,
         think: bool = False,
         log_metrics: bool = True,
+        cache_tokens: list[str] | None = None,
+        stream: bool | None = None,
     ) -> Result:
         """Run one request: ``prompt`` picks the answer; ``prompt_tokens`` overrides the token estimate.
 
         ``think``: the model thinks first (a chat request to the simulated thinking model).
-        ``log_metrics=False``: not counted in the metrics (the health check's request, as in 0.5.9).
+        ``log_metrics=False``: not counted in the tokenizer's metrics (the health check's request, as in 0.5.9;
+        the scheduler still counts it). ``cache_tokens``: the prompt's tokens for the prefix cache (default: the
+        prompt's). ``stream``: a streamed request (default: ``on_piece`` given).
         """
         rid = rid or self.new_rid()
         t_start = time.monotonic()
+        faults = self.faults  # SGLANG_SIM_FAULT merged with SGLANG_SIM_FAULT_FILE, read once per request
+        if self.fault_source.file_faults.hang_after_ready and not self.hung.is_set():
+            log("sglang-sim: hang-after-ready (runtime fault): the scheduler stops producing tokens")
+            self.hung.set()
+        tokens = cache_tokens if cache_tokens is not None else textgen.tokenize(prompt)
         if prompt_tokens is None:
-            prompt_tokens = textgen.count_tokens(prompt)
+            prompt_tokens = len(tokens)
+        stream = on_piece is not None if stream is None else stream
         pieces, finish = textgen.plan_output(
             prompt,
             max_tokens,
             ignore_eos=ignore_eos,
-            wrong=self.faults.wrong_answer,
-            nan=self.faults.nan_output,
+            wrong=faults.wrong_answer,
+            nan=faults.nan_output,
             think=think,
         )
         with self.cond:
@@ -206,35 +361,44 @@ class Engine:
                     self.cond.wait(0.5)
             finally:
                 self.queued -= 1
+            cached = min(self.cache.match(tokens), max(0, prompt_tokens - 1))
+            running_bs = len(self.running)
             state = _Running(rid, prompt_tokens)
             self.running[rid] = state
+            self.cache.insert(tokens)
+            if self.metrics is not None:
+                self.metrics.observe_queue_time(time.monotonic() - t_start)
+            self._log_prefill_stats(running_bs, prompt_tokens - cached, cached)
+            self.cond.notify_all()
+        track = _TokenizerSide(self, t_start, stream, log_metrics)
         try:
-            ttft = self._simulate(state, prompt_tokens, pieces, t_start, on_piece)
+            ttft = self._simulate(state, prompt_tokens - cached, pieces, t_start, on_piece, faults, track)
+        except ClientGone:
+            track.aborted(prompt_tokens, state.generated, cached)
+            raise
         finally:
             with self.cond:
                 self.running.pop(rid, None)
+                self.cache.insert(tokens + pieces[: state.generated])
                 self.cond.notify_all()
         e2e = time.monotonic() - t_start
-        if not log_metrics:
-            return Result(rid, "".join(pieces), pieces, finish, prompt_tokens, len(pieces), ttft, e2e)
-        with self.cond:
-            self.prompt_tokens_total += prompt_tokens
-            self.requests_total += 1
-            self.ttft_hist.observe(ttft)
-            self.e2e_hist.observe(e2e)
-        return Result(rid, "".join(pieces), pieces, finish, prompt_tokens, len(pieces), ttft, e2e)
+        track.finished(prompt_tokens, len(pieces), cached, e2e)
+        return Result(rid, "".join(pieces), pieces, finish, prompt_tokens, len(pieces), ttft, e2e, cached)
 
     def _simulate(
         self,
         state: _Running,
-        prompt_tokens: int,
+        new_tokens: int,
         pieces: list[str],
         t_start: float,
         on_piece: Callable[[str, int], None] | None,
+        faults: Faults,
+        track: _TokenizerSide,
     ) -> float:
         cap_at = t_start + self.max_request_s
-        deadline = time.monotonic() + self.ttft_base + prompt_tokens / self.prefill_rate
+        deadline = time.monotonic() + self.ttft_base + new_tokens / self.prefill_rate
         ttft = 0.0
+        last = len(pieces) - 1
         for i, piece in enumerate(pieces):
             while self.stalled.is_set():  # a dead rank: this request never gets another token
                 time.sleep(0.5)
@@ -248,7 +412,7 @@ class Engine:
                 time.sleep(wait)
             while self.hung.is_set():  # a stuck scheduler: nothing comes back, ever
                 time.sleep(3600)
-            if self.faults.nan_output and self.nan_detection:
+            if faults.nan_output and self.nan_detection:
                 # layers/sampler.py Sampler._preprocess_logits: one warning per decode step, only with
                 # --enable-nan-detection (then the NaN logits become -1e5: still token 0, still "!")
                 log(NAN_LOG, "TP0")
@@ -257,8 +421,10 @@ class Engine:
             with self.cond:
                 self.last_receive_tstamp = time.time()
                 state.generated += 1
-                self.generation_tokens_total += 1
+                if i > 0:
+                    self.num_generated_tokens += 1
                 self._note_tokens(1)
+            track.output(i + 1, i == last)
             if on_piece is not None:
                 on_piece(piece, i)
         if not pieces:
@@ -267,66 +433,43 @@ class Engine:
                 self.last_receive_tstamp = time.time()
         return ttft
 
-    # --- Prometheus text
-    def metrics_text(self, extra_labels: dict[str, str] | None = None) -> str:
-        labels = {"model_name": self.model_name}
-        labels.update(extra_labels or {})
-        snap = self.snapshot()
-        thr = self.gen_throughput()
 
-        def lab(extra: dict[str, str] | None = None) -> str:
-            items = dict(labels)
-            items.update(extra or {})
-            body = ",".join(f'{k}="{_esc(v)}"' for k, v in items.items())
-            return "{" + body + "}"
+class _TokenizerSide:
+    """``TokenizerManager.collect_metrics`` (tokenizer_manager.py:1945) for one request: what it sees of the
+    scheduler's outputs (``stream_output_generation``, scheduler_output_processor_mixin.py:958-989)."""
 
-        out: list[str] = ["# sglang-sim: gpufleet lab simulator (not SGLang)"]
+    def __init__(self, engine: Engine, t_start: float, stream: bool, log_metrics: bool):
+        self.metrics = engine.metrics if log_metrics else None
+        self.t_start = t_start
+        self.stream = stream
+        self.first = True
+        self.last_time = 0.0
+        self.last_tokens = 0
+        self.done = False
 
-        def gauge(name: str, help_: str, value: float) -> None:
-            out.append(f"# HELP sglang:{name} {help_}")
-            out.append(f"# TYPE sglang:{name} gauge")
-            out.append(f"sglang:{name}{lab()} {float(value)}")
+    def output(self, completion_tokens: int, finished: bool) -> None:
+        if self.metrics is None:
+            return
+        if not (finished or self.stream or completion_tokens % DEFAULT_FORCE_STREAM_INTERVAL == 0):
+            return  # no output for the tokenizer at this step
+        now = time.monotonic()
+        if self.first:
+            self.first = False
+            self.last_time, self.last_tokens = now, completion_tokens
+            self.metrics.observe_ttft(now - self.t_start)
+        elif completion_tokens - self.last_tokens:
+            self.metrics.observe_itl(now - self.last_time, completion_tokens - self.last_tokens)
+            self.last_time, self.last_tokens = now, completion_tokens
 
-        def counter(name: str, help_: str, value: float) -> None:
-            # like prometheus_client: metadata under the base name, the sample with "_total"
-            out.append(f"# HELP sglang:{name} {help_}")
-            out.append(f"# TYPE sglang:{name} counter")
-            out.append(f"sglang:{name}_total{lab()} {float(value)}")
+    def finished(self, prompt_tokens: int, completion_tokens: int, cached: int, e2e: float) -> None:
+        if self.metrics is None or self.done:
+            return
+        self.done = True
+        self.metrics.finished(prompt_tokens, completion_tokens, cached, e2e)
 
-        def histogram(name: str, help_: str, h: Histogram) -> None:
-            out.append(f"# HELP sglang:{name} {help_}")
-            out.append(f"# TYPE sglang:{name} histogram")
-            for b, n in zip(h.buckets, h.counts, strict=True):
-                out.append(f"sglang:{name}_bucket{lab({'le': _fmt(b)})} {float(n)}")
-            out.append(f"sglang:{name}_bucket{lab({'le': '+Inf'})} {float(h.count)}")
-            out.append(f"sglang:{name}_count{lab()} {float(h.count)}")
-            out.append(f"sglang:{name}_sum{lab()} {float(h.total)}")
-
-        with self.cond:
-            prompt_total = self.prompt_tokens_total
-            gen_total = self.generation_tokens_total
-            req_total = self.requests_total
-            gauge("num_running_reqs", "The number of running requests.", snap["num_running_reqs"])
-            gauge("num_used_tokens", "The number of used tokens.", snap["num_used_tokens"])
-            gauge("token_usage", "The token usage.", snap["token_usage"])
-            gauge("gen_throughput", "The generation throughput (token/s).", thr)
-            gauge("num_queue_reqs", "The number of requests in the waiting queue.", snap["num_queue_reqs"])
-            gauge("cache_hit_rate", "The prefix cache hit rate.", 0.0)
-            counter("prompt_tokens", "Number of prefill tokens processed.", prompt_total)
-            counter("generation_tokens", "Number of generation tokens processed.", gen_total)
-            counter("num_requests", "Number of requests processed.", req_total)
-            histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft_hist)
-            histogram(
-                "e2e_request_latency_seconds",
-                "Histogram of End-to-end request latency in seconds",
-                self.e2e_hist,
-            )
-        return "\n".join(out) + "\n"
-
-
-def _esc(v: str) -> str:
-    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _fmt(b: float) -> str:
-    return repr(float(b))
+    def aborted(self, prompt_tokens: int, completion_tokens: int, cached: int) -> None:
+        """A client that went away: ``abort_request`` counts it, then the scheduler's abort finishes it."""
+        if self.metrics is None or self.done:
+            return
+        self.metrics.aborted()
+        self.finished(prompt_tokens, completion_tokens, cached, time.monotonic() - self.t_start)

@@ -95,6 +95,14 @@ class Handler(BaseHTTPRequestHandler):
     def send_response(self, code: int, message: str | None = None) -> None:
         super().send_response(code, message)
         self.send_header(SIM_HEADER, SIM_HEADER_VALUE)
+        track = getattr(self, "_track", None)
+        if track is not None and not track[3]:
+            # track_http_status_code (utils/common.py:1648): counted when call_next returns, i.e. when the
+            # response starts (a stream: before its body); the request stops being "active" then too
+            track[3] = True
+            metrics, endpoint, method, _done, key = track
+            metrics.http_response(endpoint, method, code)
+            metrics.http_end(endpoint, method, key)
 
     def _send(self, code: int, body: bytes, content_type: str = "application/json") -> None:
         self.send_response(code)
@@ -195,8 +203,29 @@ class Handler(BaseHTTPRequestHandler):
                 self.read_body()
             self.send_json(401, {"error": "Unauthorized"})
             return
+        metrics = self.app.metrics
+        self._track = None
+        if metrics is not None:
+            # the middleware sits inside the API-key one (added first, http_server.py:1918 vs 1946): requests
+            # refused with 401 are not counted. The endpoint is the route's path, else the raw path.
+            endpoint = "/metrics" if path.startswith("/metrics") else path
+            key = self.headers.get("x-smg-routing-key")
+            metrics.http_begin(endpoint, self.command, key)
+            self._track = [metrics, endpoint, self.command, False, key]
+        try:
+            self._route(path)
+        finally:
+            track, self._track = self._track, None
+            if track is not None and not track[3]:
+                track[0].http_end(track[1], track[2], track[4])
+
+    def _route(self, path: str) -> None:
         routes = self.GET_ROUTES if self.command in ("GET", "HEAD") else self.POST_ROUTES
         name = routes.get(path)
+        if path.startswith("/metrics") and self.app.metrics is not None:
+            # Mount("/metrics", make_asgi_app(...)) with path_regex ^/metrics(?P<path>.*)$ (utils/common.py:1577):
+            # any method, any path that starts with /metrics
+            name = "metrics"
         if name is None:
             if self.command == "POST":
                 self.read_body()
@@ -252,6 +281,12 @@ class Handler(BaseHTTPRequestHandler):
         )
 
     def h_model_info(self) -> None:
+        """0.5.9 ``http_server.model_info`` (http_server.py:553; ``/get_model_info`` warns first, 543)."""
+        if self.path.split("?", 1)[0] == "/get_model_info":
+            log(
+                "Endpoint '/get_model_info' is deprecated and will be removed in a future version. "
+                "Please use '/model_info' instead."
+            )
         a = self.app.args
         self.send_json(
             200,
@@ -263,33 +298,22 @@ class Handler(BaseHTTPRequestHandler):
                 "weight_version": getattr(a, "weight_version", "default"),
                 "has_image_understanding": False,
                 "has_audio_understanding": False,
-                "model_type": "simulated",
-                "architectures": [self.app.model_type],
+                "model_type": self.app.model_config.model_type if self.app.model_config.path else "simulated",
+                "architectures": self.app.model_config.data.get("architectures")
+                if self.app.model_config.path
+                else [self.app.model_type],
             },
         )
 
     def h_server_info(self) -> None:
-        info = dict(vars(self.app.args))
-        snap = self.app.engine.snapshot()
-        info.update(
-            {
-                "version": SERVER_VERSION,
-                "simulator": True,
-                "simulator_name": SIM_HEADER_VALUE,
-                "simulator_faults": self.app.faults.names(),
-                "gpu_profile": self.app.profile.name,
-                "internal_states": [
-                    {
-                        "last_gen_throughput": self.app.engine.gen_throughput(),
-                        "max_total_num_tokens": self.app.kv_tokens,
-                        "num_running_reqs": snap["num_running_reqs"],
-                        "num_queue_reqs": snap["num_queue_reqs"],
-                        "token_usage": snap["token_usage"],
-                    }
-                ],
-            }
-        )
-        self._send(200, json.dumps(info, default=str).encode())
+        """0.5.9 ``http_server.server_info`` (http_server.py:593; ``/get_server_info`` logs a deprecation warning
+        first, 583): ``dataclasses.asdict(server_args)`` + ``scheduler_info`` + ``internal_states`` + ``version``."""
+        if self.path.split("?", 1)[0] == "/get_server_info":
+            log(
+                "Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
+                "Please use '/server_info' instead."
+            )
+        self._send(200, json.dumps(self.app.server_info(), default=str).encode())
 
     def h_loads(self) -> None:
         """0.5.9 ``entrypoints/v1_loads.py: get_loads`` (JSON form; one DP rank), no flag needed."""
@@ -321,12 +345,23 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(200, {**body, "aggregate": aggregate})
 
     def h_metrics(self) -> None:
-        if not self.app.args.enable_metrics:
+        """prometheus_client 0.26 ``make_asgi_app`` over the multiprocess collector (``metrics.py``); without
+        ``--enable-metrics`` 0.5.9 has no such route."""
+        metrics = self.app.metrics
+        if metrics is None:
             self.send_json(404, {"detail": "Not Found"})
             return
-        labels = self.app.args.extra_metric_labels if isinstance(self.app.args.extra_metric_labels, dict) else None
-        body = self.app.engine.metrics_text(labels).encode()
-        self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
+        if self.command == "POST":
+            self.read_body()
+        query = self.path.split("?", 1)[1] if "?" in self.path else ""
+        body, headers = metrics.render(self.headers.get("Accept"), self.headers.get("Accept-Encoding"), query)
+        self.send_response(200)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     # ---------------------------------------------------------------- generation helpers
     def _gate(self) -> bool:
@@ -384,6 +419,7 @@ class Handler(BaseHTTPRequestHandler):
         prompt_tokens: int | None = None,
         rid: str | None = None,
         think: bool = False,
+        cache_tokens: list[str] | None = None,
     ) -> Result:
         rid = rid or self.app.engine.new_rid()
         self.app.request_begin(rid)
@@ -396,6 +432,7 @@ class Handler(BaseHTTPRequestHandler):
                 rid=rid,
                 prompt_tokens=prompt_tokens,
                 think=think,
+                cache_tokens=cache_tokens,
             )
         finally:
             self.app.request_end(rid)
@@ -480,7 +517,7 @@ class Handler(BaseHTTPRequestHandler):
                 "finish_reason": finish,
                 "prompt_tokens": r.prompt_tokens,
                 "completion_tokens": r.completion_tokens,
-                "cached_tokens": 0,
+                "cached_tokens": r.cached_tokens,
                 "e2e_latency": r.e2e_latency,
             },
         }
@@ -620,9 +657,10 @@ class Handler(BaseHTTPRequestHandler):
             if role == "user":
                 last_user = text
         templated.append("<|assistant|>")
-        from .textgen import count_tokens
+        from .textgen import tokenize
 
-        prompt_tokens = count_tokens("\n".join(templated))
+        prompt_token_list = tokenize("\n".join(templated))
+        prompt_tokens = len(prompt_token_list)
         answer_prompt = last_user or "\n".join(templated)
         max_tokens = self._max_tokens(body, None)
         ignore_eos = bool(body.get("ignore_eos", False))
@@ -633,7 +671,14 @@ class Handler(BaseHTTPRequestHandler):
         separate = parser is not None and body.get("separate_reasoning", True) is not False
         force_reasoning = separate and reasoning_from_request(parser, body)
         if not body.get("stream"):
-            r = self._run(answer_prompt, max_tokens, ignore_eos, prompt_tokens=prompt_tokens, think=think)
+            r = self._run(
+                answer_prompt,
+                max_tokens,
+                ignore_eos,
+                prompt_tokens=prompt_tokens,
+                think=think,
+                cache_tokens=prompt_token_list,
+            )
             reasoning, text = parse_reasoning(r.text, force_reasoning) if separate else ("", r.text)
             self.send_json(
                 200,
@@ -695,6 +740,7 @@ class Handler(BaseHTTPRequestHandler):
             prompt_tokens=prompt_tokens,
             rid=rid,
             think=think,
+            cache_tokens=prompt_token_list,
         )
         self._sse(chunk({}, r.finish_reason, matched_stop=self._matched(r)))
         if self._include_usage(body):

@@ -92,6 +92,28 @@ def main(argv: list[str] | None = None) -> int:
         check_gpus(args, profile)
     except SimFatal as e:
         return fatal(e)
+    from .resolve import ResolveError, resolve
+
+    try:
+        resolved = resolve(args, profile)
+    except ResolveError as e:
+        return fatal(
+            SimFatal(
+                e.exc_line,
+                [
+                    ("/sglang/srt/server_args.py", 736, "__post_init__", "self._handle_model_specific_adjustments()")
+                    if e.line < 1772
+                    else (
+                        "/sglang/srt/server_args.py",
+                        740,
+                        "__post_init__",
+                        "self._handle_attention_backend_compatibility()",
+                    ),
+                ],
+            )
+        )
+    for line in resolved.logs:
+        log(line)
     log(f"server_args={cli.server_args_repr(args)}")
     from .app import App
 

@@ -1,0 +1,272 @@
+"""Monitoring on the lab: playbooks/monitoring.yml puts Debian's node-exporter on every host (per-GPU metrics on the
+servers' hosts) and Debian's Prometheus, Alertmanager and blackbox exporter on the gateway host (group
+fleet_monitors); every target is up; a second run changes nothing; the lab's faults make their alerts FIRE in
+Alertmanager's API within a stated bound and resolve after the repair; every dashboard panel's query returns series
+from this real Prometheus.
+
+Two simulated servers (mon-01, mon-02; mon-02's engine registers its GPU memory as leaking, the simulator's
+leak-gpu-memory fault, which shows only once the engine dies) and one gateway (smg + the monitor). Faults, all at once
+(each on its own host or layer, so the alerts do not hide one another):
+
+* mon-01: ``kill -9`` of the engine's main process (systemd restarts it) -> GpufleetEngineRestarting;
+* mon-01: the engine starts answering wrong after a healthy start (the simulator's runtime fault file,
+  ``wrong-answer``) -> GpufleetGenerationProbeFailing; repair: the file emptied;
+* mon-02: ``kill -9`` of the engine: its leaked GPU memory stays held with no process -> GpufleetGpuForeignMemory;
+  repair: the engine stopped, ``nvidia-smi --gpu-reset``, the engine started;
+* mon-02's worker removed from the router -> GpufleetRouterWorkerMissing; repair: playbooks/router.yml;
+* mon-02's node exporter stopped -> GpufleetNodeExporterDown; repair: started.
+
+GpufleetEngineRestarting counts restarts over 15 minutes: it resolves 15 minutes after the last one, longer than a
+test waits (its resolution is proven by the promtool unit tests, tests/unit/fleet_monitor).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+import simfleet
+from conftest import LAB_ENV, ROOT, lab, lab_json
+from lab_host import health
+
+NAME = "t-mon"
+SERVERS = ("mon-01", "mon-02")
+GATEWAY = f"{NAME}-router-01"
+KEY = "mon-key-7c1e"
+ROUTER_KEY = "mon-router-key-not-a-secret"  # the gateway's control-plane key (lab equipment)
+FAULT_FILE = "/run/sglang-sim-faults"
+ARTIFACTS = ROOT / "tests/lab/artifacts"
+GROUP_VARS = simfleet.GROUP_VARS | {
+    "sglang_server_api_key": KEY,
+    "fleet_router_control_plane_api_key": ROUTER_KEY,
+    "fleet_router_wheelhouse": str(ROOT / ".cache/smg/wheelhouse"),
+    "sglang_server_environment": simfleet.GROUP_VARS["sglang_server_environment"]
+    | {"SGLANG_SIM_FAULT_FILE": FAULT_FILE},
+    # the lab's monitor: scrapes and rule evaluations every 5 s (inventory/lab/group_vars, as `make deploy` has it)
+    "fleet_monitor_scrape_interval_s": 5,
+    "fleet_monitor_evaluation_interval_s": 5,
+    "node_exporter_gpu_interval_s": 5,
+}
+# How long each alert may take to fire after its fault (its `for:` + scrapes and evaluations every 5 s + the timer of
+# the GPU metrics + Alertmanager's group_wait of 10 s), and to resolve after the repair.
+BOUND_FIRE_S = {
+    "GpufleetEngineRestarting": 60,
+    "GpufleetGenerationProbeFailing": 60 + 45,
+    "GpufleetGpuForeignMemory": 60 + 45,
+    "GpufleetRouterWorkerMissing": 60 + 45,
+    "GpufleetNodeExporterDown": 60 + 45,
+}
+BOUND_RESOLVE_S = 90
+
+
+def on(host: dict, script: str, check: bool = True) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpufleet_lab", "--name", NAME, "exec", host["name"], "--", "bash", "-c", script],
+        capture_output=True, text=True, env=LAB_ENV, check=False, timeout=120,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    if check:
+        assert proc.returncode == 0, f"{script} on {host['name']}: rc {proc.returncode}\n{out}"
+    return out
+
+
+def playbook(fleet: dict, name: str, *args: str, timeout: int = 1200) -> tuple[int, str]:
+    env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_CACHE_PLUGIN_CONNECTION=str(fleet["work"] / ".facts"))
+    cmd = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", str(fleet["inventory"]), name, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=False, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def get_json(url: str, headers: dict | None = None) -> dict | list:
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    work = tmp_path_factory.mktemp("mon")
+    inventory = work / "inv" / "hosts.yml"
+    subprocess.run(["make", "-s", "router-wheelhouse"], cwd=ROOT, check=True, timeout=300)
+    result = lab_json("--name", NAME, "up", "--hosts", "2", "--host-names", ",".join(SERVERS), "--routers", "1",
+                      "--monitors", "1", "--profile", "rtx-pro-6000x8-vm", "--inventory", str(inventory))  # fmt: skip
+    hosts = {h["name"]: h for h in result["hosts"]}
+    (inventory.parent / "group_vars").mkdir()
+    group_vars = GROUP_VARS | {"sglang_server_report_dir": str(work / "reports/deploy")}
+    (inventory.parent / "group_vars/all.yml").write_text(json.dumps(group_vars, indent=1))
+    (inventory.parent / "host_vars").mkdir()
+    # mon-02's engine registers its GPU memory as leaking: it stays held if the engine dies (the simulator's fault)
+    env02 = group_vars["sglang_server_environment"] | {"SGLANG_SIM_FAULT": "leak-gpu-memory"}
+    (inventory.parent / "host_vars/mon-02.yml").write_text(json.dumps({"sglang_server_environment": env02}))
+    for name in SERVERS:
+        simfleet.install(NAME, name, LAB_ENV)
+    fleet = {"inventory": inventory, "hosts": hosts, "work": work}
+    for name in ("playbooks/deploy_server.yml", "playbooks/router.yml", "playbooks/monitoring.yml"):
+        rc, out = playbook(fleet, name)
+        (work / f"{os.path.basename(name)}.log").write_text(out)
+        assert rc == 0, f"{name}: {out[-6000:]}"
+    fleet["first_monitoring_run"] = out
+    yield fleet
+    lab("--name", NAME, "down", check=False)
+
+
+def prometheus(fleet) -> str:
+    return f"http://{fleet['hosts'][GATEWAY]['address']}:9090"
+
+
+def alertmanager(fleet) -> str:
+    return f"http://{fleet['hosts'][GATEWAY]['address']}:9093"
+
+
+def query(fleet, expr: str) -> list:
+    url = f"{prometheus(fleet)}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    answer = get_json(url)
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def firing(fleet) -> set[tuple[str, str]]:
+    """(alertname, instance) of the alerts Alertmanager holds as active (firing, not silenced)."""
+    alerts = get_json(f"{alertmanager(fleet)}/api/v2/alerts?active=true&silenced=false&inhibited=false")
+    return {(a["labels"]["alertname"], a["labels"].get("instance", "")) for a in alerts}
+
+
+def test_every_target_is_up(fleet):
+    deadline = time.monotonic() + 90
+    while True:
+        targets = get_json(f"{prometheus(fleet)}/api/v1/targets?state=active")["data"]["activeTargets"]
+        seen = sorted((t["labels"]["job"], t["labels"]["instance"], t["health"]) for t in targets)
+        if all(h == "up" for *_, h in seen) or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    jobs = {}
+    for job, instance, state in seen:
+        jobs.setdefault(job, []).append((instance, state))
+    assert sorted(jobs) == ["alertmanager", "generation_probe", "node", "prometheus", "sglang", "smg"], seen
+    assert sorted(i for i, _ in jobs["sglang"]) == list(SERVERS), seen
+    assert sorted(i for i, _ in jobs["generation_probe"]) == list(SERVERS), seen
+    assert sorted(i for i, _ in jobs["node"]) == sorted([*SERVERS, GATEWAY]), seen
+    assert all(h == "up" for *_, h in seen), seen
+    # the probe answered with the known answer, the GPUs are read, the engines report their 0.5.9 metrics
+    assert {r["metric"]["instance"] for r in query(fleet, 'probe_success{job="generation_probe"} == 1')} == set(SERVERS)
+    gpus = query(fleet, 'gpufleet_gpu_memory_engine_bytes{job="node"} > 0')
+    assert {r["metric"]["instance"] for r in gpus} == set(SERVERS), gpus
+    assert query(fleet, 'sglang:num_running_reqs{job="sglang"}')
+    # where to look, said by the run
+    assert f"Prometheus http://{fleet['hosts'][GATEWAY]['address']}:9090" in " ".join(
+        fleet["first_monitoring_run"].split()
+    )
+
+
+def test_metrics_reach_only_who_should(fleet):
+    """SGLang 0.5.9 serves /metrics without the API key; the monitor reads it, the generation API still asks for the
+    key; node-exporter and Prometheus listen on the hosts' own addresses, not on every interface."""
+    address = fleet["hosts"]["mon-01"]["address"]
+    with urllib.request.urlopen(f"http://{address}:8000/metrics", timeout=10) as resp:
+        assert resp.status == 200 and b"sglang:num_running_reqs" in resp.read()
+    listening = on(fleet["hosts"][GATEWAY], "ss -Hltn")
+    assert f"{fleet['hosts'][GATEWAY]['address']}:9090" in listening and "0.0.0.0:9090" not in listening
+    assert "127.0.0.1:9115" in listening  # the blackbox exporter: Prometheus' own helper only
+    assert "*:9100" not in on(fleet["hosts"]["mon-01"], "ss -Hltn")
+    # the probe's key is in a file only Prometheus' group reads, never in a unit, argv or the scrape config
+    config = on(fleet["hosts"][GATEWAY], "cat /etc/prometheus/prometheus.yml /etc/prometheus/blackbox.yml")
+    assert KEY not in config and KEY not in on(fleet["hosts"][GATEWAY], "ps -eo args")
+    assert on(fleet["hosts"][GATEWAY], "stat -c '%a %U %G' /etc/prometheus/gpufleet-probe.key").strip() == (
+        "640 root prometheus"
+    )
+
+
+def test_a_second_run_changes_nothing(fleet):
+    rc, out = playbook(fleet, "playbooks/monitoring.yml")
+    assert rc == 0, out[-4000:]
+    recap = [line for line in out.splitlines() if " : ok=" in line]
+    assert recap and all("changed=0" in line for line in recap), recap
+
+
+def wait_for(fleet, wanted: dict, present: bool, bound_s: dict | float) -> dict:
+    """Seconds until each (alertname, instance) of ``wanted`` is active (present) or gone; fails at its bound."""
+    start, seen = time.monotonic(), {}
+    while len(seen) < len(wanted):
+        now = firing(fleet)
+        for key in wanted:
+            if key not in seen and ((key in now) == present):
+                seen[key] = round(time.monotonic() - start, 1)
+        late = [k for k in wanted if k not in seen
+                and time.monotonic() - start > (bound_s[k[0]] if isinstance(bound_s, dict) else bound_s)]  # fmt: skip
+        assert not late, f"{'not firing' if present else 'still firing'} within the bound: {late}; active: {now}"
+        time.sleep(2)
+    return seen
+
+
+def router_workers(fleet) -> list[dict]:
+    out = on(fleet["hosts"][GATEWAY],
+             f"curl -s -m 5 -H 'Authorization: Bearer {ROUTER_KEY}' http://127.0.0.1:30000/workers")  # fmt: skip
+    return json.loads(out)["workers"]
+
+
+def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
+    h1, h2 = fleet["hosts"]["mon-01"], fleet["hosts"]["mon-02"]
+    assert not {a for a in firing(fleet) if a[0].startswith("Gpufleet")}, firing(fleet)  # a quiet fleet first
+    # the faults
+    on(h1, "kill -9 $(systemctl show -p MainPID --value sglang-server.service)")
+    on(h1, f"echo wrong-answer > {FAULT_FILE}")
+    on(h2, "kill -9 $(systemctl show -p MainPID --value sglang-server.service)")
+    worker = next(w for w in router_workers(fleet) if h2["address"] in w["url"])
+    on(fleet["hosts"][GATEWAY], f"curl -sf -m 10 -X DELETE -H 'Authorization: Bearer {ROUTER_KEY}' "
+                                f"http://127.0.0.1:30000/workers/{worker['id']}")  # fmt: skip
+    on(h2, "systemctl stop prometheus-node-exporter.service")
+    wanted = {
+        ("GpufleetEngineRestarting", "mon-01"): "kill -9 of mon-01's engine",
+        ("GpufleetGenerationProbeFailing", "mon-01"): "mon-01 answers wrong",
+        ("GpufleetGpuForeignMemory", "mon-02"): "mon-02's engine killed, its leaked GPU memory held",
+        ("GpufleetRouterWorkerMissing", GATEWAY): "mon-02 removed from the router",
+        ("GpufleetNodeExporterDown", "mon-02"): "mon-02's node exporter stopped",
+    }
+    fired = wait_for(fleet, wanted, True, BOUND_FIRE_S)
+    # the dashboards' queries, while alerts fire (their firing-alerts panels have series now)
+    check_dashboard_queries(fleet)
+    # the repairs
+    on(h1, f": > {FAULT_FILE}")
+    on(h2, "systemctl start prometheus-node-exporter.service")
+    on(h2, "systemctl stop sglang-server.service; nvidia-smi --gpu-reset -i 0,1,2,3,4,5,6,7 >/dev/null; "
+           "systemctl reset-failed sglang-server.service; systemctl start sglang-server.service")  # fmt: skip
+    deadline = time.monotonic() + 120
+    while health(h2["address"]) != 200 and time.monotonic() < deadline:
+        time.sleep(1)
+    rc, out = playbook(fleet, "playbooks/router.yml")
+    assert rc == 0, out[-4000:]
+    repaired = {k: v for k, v in wanted.items() if k[0] != "GpufleetEngineRestarting"}
+    resolved = wait_for(fleet, repaired, False, BOUND_RESOLVE_S)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    measured = {f"{a} {i}": {"fault": wanted[(a, i)], "fired_after_s": fired[(a, i)],
+                              "resolved_after_repair_s": resolved.get((a, i))} for a, i in wanted}  # fmt: skip
+    (ARTIFACTS / "monitoring-faults.json").write_text(json.dumps(measured, indent=1))
+    print("alerts:", json.dumps(measured))
+
+
+def check_dashboard_queries(fleet) -> None:
+    """Every panel query of every dashboard (tools/dashboards.py --queries) returns series from the lab's Prometheus:
+    a metric name that drifted (SGLang's own dashboard broke over `sglang:` vs `sglang_`) returns none."""
+    # traffic through the gateway first: the router's request metrics exist from its first request
+    for _ in range(3):
+        body = json.dumps({"messages": [{"role": "user", "content": "dashboards"}], "max_tokens": 8}).encode()
+        req = urllib.request.Request(f"http://{fleet['hosts'][GATEWAY]['address']}:30000/v1/chat/completions",
+                                     data=body, headers={"Content-Type": "application/json",
+                                                         "Authorization": f"Bearer {KEY}"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            assert resp.status == 200
+    time.sleep(12)  # two scrapes
+    lines = subprocess.run([sys.executable, "tools/dashboards.py", "--queries"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.splitlines()  # fmt: skip
+    empty = []
+    for line in lines:
+        q = json.loads(line)
+        if not query(fleet, q["expr"]):
+            empty.append(f"{q['dashboard']} / {q['panel']}: {q['expr']}")
+    assert lines and not empty, "panels with no series:\n" + "\n".join(empty)
