@@ -10,6 +10,7 @@ inventory for playbooks/deploy_server.yml that serves the seed's served name wit
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 import tarfile
@@ -35,12 +36,21 @@ GROUP_VARS = {
 }  # fmt: skip
 
 
+# The model's config.json: GLM-5's architecture with its sparse attention (index_topk), so the simulated engine
+# resolves its `auto` settings as SGLang 0.5.9 does for GLM-5 (kv_cache_dtype auto -> fp8_e4m3 on compute capability
+# >= 10; lab/sglang-sim README, "Server info").
+MODEL_CONFIG = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "index_topk": 2048,
+                "simulated": True}  # fmt: skip
+
+
 def tokenizer_files() -> dict[str, bytes]:
+    """The model folder's files: the tokenizer's and config.json."""
     sys.path.insert(0, str(ROOT / "lab"))
     from testhub import model
 
     files = model._files_for(1)
-    return {n: files[n] for n in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")}
+    out = {n: files[n] for n in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")}
+    return out | {"config.json": json.dumps(MODEL_CONFIG).encode()}
 
 
 def payload(tokenizer: bool = True) -> bytes:

@@ -161,6 +161,30 @@ def sglang_help_options(help_text) -> list[str]:
     return help_options(help_text)
 
 
+def sglang_resolved_policy_problems(policy, table_path=None) -> list[str]:
+    """What is wrong with sglang_server_resolved_policy ({GPU class or '*': {field: value}}): one line per problem,
+    naming the entry; a field must be one of SGLang 0.5.9's server arguments (the pinned table, written as
+    /get_server_info names it: kv_cache_dtype for --kv-cache-dtype), a value a string, number or boolean."""
+    if not isinstance(policy, dict):
+        shape = "{GPU class or '*': {field: value}}"
+        return [f"sglang_server_resolved_policy must be a mapping {shape}, got {policy!r}"]
+    table = load_table(table_path)
+    fields = {entry["dest"] for entry in table.values() if entry.get("dest")}
+    problems = []
+    for cls, wanted in policy.items():
+        where = f"sglang_server_resolved_policy[{cls!r}]"
+        if not isinstance(wanted, dict):
+            problems.append(f"{where} must be a mapping {{field: value}}, got {wanted!r}")
+            continue
+        for field, value in wanted.items():
+            if field not in fields:
+                hint = " (written with dashes: use the /get_server_info name)" if "-" in str(field) else ""
+                problems.append(f"{where}: {field!r} is no server argument of SGLang 0.5.9{hint}")
+            elif not isinstance(value, (str, int, float, bool)):
+                problems.append(f"{where}: {field} must be a string, number or boolean, got {value!r}")
+    return problems
+
+
 def sglang_flag_problems(args, help_options, where="the installed engine") -> list[str]:
     """Messages for rendered options that are not exact option strings of the engine's --help.
 
@@ -490,6 +514,7 @@ class FilterModule:
             "sglang_rendered_options": _wrap(sglang_rendered_options),
             "sglang_help_options": _wrap(sglang_help_options),
             "sglang_flag_problems": _wrap(sglang_flag_problems),
+            "sglang_resolved_policy_problems": _wrap(sglang_resolved_policy_problems),
             "sglang_arg": _wrap(sglang_arg),
             "sglang_gpu_indices": _wrap(sglang_gpu_indices),
             "sglang_merge_flags": _wrap(sglang_merge_flags),

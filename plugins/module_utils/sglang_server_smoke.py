@@ -32,7 +32,40 @@ SMOKE_OPTIONS = {
     "unit": {"type": "str", "default": ""},
     "invocation_id": {"type": "str", "default": ""},
     "journal_error_patterns": {"type": "list", "elements": "str", "default": []},
+    "resolved_policy": {"type": "dict", "default": {}},
 }
+
+# The engine's resolved settings kept in the deploy report (from /get_server_info, after SGLang resolved its `auto`
+# values: kv_cache_dtype auto is fp8_e4m3 for a sparse-attention model on compute capability >= 10 in 0.5.9's
+# server_args.py, for example). A fixed list: /get_server_info also returns the server's API keys.
+RESOLVED_FIELDS = (
+    "kv_cache_dtype", "dtype", "quantization", "attention_backend", "prefill_attention_backend",
+    "decode_attention_backend", "nsa_prefill_backend", "nsa_decode_backend", "moe_runner_backend", "sampling_backend",
+    "cuda_graph_max_bs", "disable_cuda_graph", "mem_fraction_static", "max_running_requests", "max_total_tokens",
+    "chunked_prefill_size", "page_size", "context_length", "tp_size", "pp_size", "dp_size", "ep_size",
+    "enable_dp_attention", "speculative_algorithm", "enable_metrics", "max_total_num_tokens",
+)  # fmt: skip
+
+
+def resolved_settings(info: dict) -> dict:
+    """The RESOLVED_FIELDS the engine reported, as it reported them."""
+    return {k: info[k] for k in RESOLVED_FIELDS if k in info}
+
+
+def policy_problems(info: dict, policy: dict) -> list[str]:
+    """One line per setting of ``policy`` ({field: value}) the engine did not resolve to: names the field, what it
+    resolved and what the policy needs."""
+    problems = []
+    for field, wanted in (policy or {}).items():
+        if field not in info:
+            problems.append(
+                f"the engine reports no {field} in /get_server_info (sglang_server_resolved_policy names it)"
+            )
+        elif str(info[field]).lower() != str(wanted).lower():
+            problems.append(
+                f"the engine resolved {field}={info[field]!r} where sglang_server_resolved_policy needs {wanted!r}"
+            )
+    return problems
 
 
 THINK_START, THINK_END = "<think>", "</think>"
@@ -186,7 +219,7 @@ def prove(p, no_log_values=None):
     else:
         failures.append(f"/v1/models answered {status or 'nothing'}" + (" (API key refused)" if status == 401 else ""))
 
-    version, simulator = "", False
+    version, simulator, info = "", False, {}
     status, body, _secs = http("GET", base + "/get_server_info", headers=headers, timeout=30)
     if status == 200:
         try:
@@ -194,7 +227,12 @@ def prove(p, no_log_values=None):
             version = str(info.get("version", ""))
             simulator = bool(info.get("simulator", False))
         except ValueError:
-            pass
+            info = {}
+    if p["resolved_policy"]:
+        if not isinstance(info, dict) or not info:
+            failures.append(f"/get_server_info answered {status or 'nothing'}: the resolved settings cannot be checked")
+        else:
+            failures += policy_problems(info, p["resolved_policy"])
 
     results = []
     remarks = []
@@ -243,6 +281,7 @@ def prove(p, no_log_values=None):
         "journal_errors": journal_errors[:20],
         "engine_version": version,
         "simulator": simulator,
+        "resolved": resolved_settings(info) if isinstance(info, dict) else {},
         "seconds": round(time.monotonic() - started, 3),
         "finished_at": round(time.time(), 3),
     }

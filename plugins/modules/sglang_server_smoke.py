@@ -89,6 +89,12 @@ options:
     type: list
     elements: str
     default: []
+  resolved_policy:
+    description:
+      - "Settings the engine must have resolved, C({field: value}) of C(/get_server_info) (after SGLang resolved its
+        C(auto) values, e.g. C(kv_cache_dtype)); a difference fails the check, naming the field."
+    type: dict
+    default: {}
 author: gpufleet
 """
 
@@ -142,6 +148,10 @@ simulator:
   description: "The engine says it is the lab simulator."
   returned: always
   type: bool
+resolved:
+  description: "The engine's resolved settings from /get_server_info (a fixed list of fields; never its keys)."
+  returned: always
+  type: dict
 finished_at:
   description: "Epoch (host clock) when the checks ended."
   returned: always

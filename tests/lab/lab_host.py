@@ -1,7 +1,9 @@
-"""Helpers for lab tests that talk to one lab host: a shell command inside it, the engine's /health."""
+"""Helpers for lab tests that talk to one lab host: a shell command inside it, the engine's /health; and headless
+Chromium, which opens the reports the tests check."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import urllib.error
 import urllib.request
@@ -30,3 +32,13 @@ def health(address: str, port: int = 8000) -> int:
         return err.code
     except OSError:
         return 0
+
+
+def chromium(html, *args: str) -> subprocess.CompletedProcess:
+    """Headless Chromium on a local HTML file with the network cut (every host name resolves to nothing, any proxy
+    use goes to a closed port): ``--dump-dom`` shows what a reader sees, ``--screenshot=FILE`` what it looks like."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert exe, "Chromium is missing: `make setup` installs Debian's chromium"
+    cmd = [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--host-resolver-rules=MAP * ~NOTFOUND",
+           "--proxy-server=127.0.0.1:9", "--window-size=1280,2400", *args, html.as_uri()]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)

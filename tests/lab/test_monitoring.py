@@ -14,7 +14,8 @@ leak-gpu-memory fault, which shows only once the engine dies) and one gateway (s
 * mon-02: ``kill -9`` of the engine: its leaked GPU memory stays held with no process -> GpufleetGpuForeignMemory;
   repair: the engine stopped, ``nvidia-smi --gpu-reset``, the engine started;
 * mon-02's worker removed from the router -> GpufleetRouterWorkerMissing; repair: playbooks/router.yml;
-* mon-02's node exporter stopped -> GpufleetNodeExporterDown; repair: started.
+* the gateway's node exporter stopped -> GpufleetNodeExporterDown; repair: started (on the gateway: mon-02's GPU
+  metrics come through its own node exporter, which must keep answering for the leak to be seen).
 
 GpufleetEngineRestarting counts restarts over 15 minutes: it resolves 15 minutes after the last one, longer than a
 test waits (its resolution is proven by the promtool unit tests, tests/unit/fleet_monitor).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -33,7 +35,7 @@ import urllib.request
 import pytest
 import simfleet
 from conftest import LAB_ENV, ROOT, lab, lab_json
-from lab_host import health
+from lab_host import chromium, health
 
 NAME = "t-mon"
 SERVERS = ("mon-01", "mon-02")
@@ -113,7 +115,8 @@ def fleet(tmp_path_factory):
         assert rc == 0, f"{name}: {out[-6000:]}"
     fleet["first_monitoring_run"] = out
     yield fleet
-    lab("--name", NAME, "down", check=False)
+    if os.environ.get("GPUFLEET_KEEP_LAB") != "1":  # kept for a look after a failure (the lab tool's `down` later)
+        lab("--name", NAME, "down", check=False)
 
 
 def prometheus(fleet) -> str:
@@ -142,7 +145,7 @@ def test_every_target_is_up(fleet):
     while True:
         targets = get_json(f"{prometheus(fleet)}/api/v1/targets?state=active")["data"]["activeTargets"]
         seen = sorted((t["labels"]["job"], t["labels"]["instance"], t["health"]) for t in targets)
-        if all(h == "up" for *_, h in seen) or time.monotonic() > deadline:
+        if (len(seen) >= 11 and all(h == "up" for *_, h in seen)) or time.monotonic() > deadline:
             break
         time.sleep(3)
     jobs = {}
@@ -220,20 +223,21 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
     worker = next(w for w in router_workers(fleet) if h2["address"] in w["url"])
     on(fleet["hosts"][GATEWAY], f"curl -sf -m 10 -X DELETE -H 'Authorization: Bearer {ROUTER_KEY}' "
                                 f"http://127.0.0.1:30000/workers/{worker['id']}")  # fmt: skip
-    on(h2, "systemctl stop prometheus-node-exporter.service")
+    gw = fleet["hosts"][GATEWAY]
+    on(gw, "systemctl stop prometheus-node-exporter.service")
     wanted = {
         ("GpufleetEngineRestarting", "mon-01"): "kill -9 of mon-01's engine",
         ("GpufleetGenerationProbeFailing", "mon-01"): "mon-01 answers wrong",
         ("GpufleetGpuForeignMemory", "mon-02"): "mon-02's engine killed, its leaked GPU memory held",
         ("GpufleetRouterWorkerMissing", GATEWAY): "mon-02 removed from the router",
-        ("GpufleetNodeExporterDown", "mon-02"): "mon-02's node exporter stopped",
+        ("GpufleetNodeExporterDown", GATEWAY): "the gateway's node exporter stopped",
     }
     fired = wait_for(fleet, wanted, True, BOUND_FIRE_S)
     # the dashboards' queries, while alerts fire (their firing-alerts panels have series now)
     check_dashboard_queries(fleet)
     # the repairs
     on(h1, f": > {FAULT_FILE}")
-    on(h2, "systemctl start prometheus-node-exporter.service")
+    on(gw, "systemctl start prometheus-node-exporter.service")
     on(h2, "systemctl stop sglang-server.service; nvidia-smi --gpu-reset -i 0,1,2,3,4,5,6,7 >/dev/null; "
            "systemctl reset-failed sglang-server.service; systemctl start sglang-server.service")  # fmt: skip
     deadline = time.monotonic() + 120
@@ -248,6 +252,31 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
                               "resolved_after_repair_s": resolved.get((a, i))} for a, i in wanted}  # fmt: skip
     (ARTIFACTS / "monitoring-faults.json").write_text(json.dumps(measured, indent=1))
     print("alerts:", json.dumps(measured))
+
+
+def test_the_fleet_report_opens_with_now_from_prometheus(fleet):
+    """The fleet report's "Now" section, read from the monitor's Prometheus HTTP API: tokens/s, TTFT and GPU memory
+    per server and the alerts firing (the kill -9 of the fault test keeps GpufleetEngineRestarting firing for 15
+    minutes), seen in headless Chromium."""
+    reports = fleet["work"] / "reports"
+    python = subprocess.run([sys.executable, "tools/bench_client.py", "build"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.strip().splitlines()[-1]  # fmt: skip
+    proc = subprocess.run(
+        [python, "roles/serving_bench/files/fleet_report.py", str(reports), "templates/fleet-report.html.j2",
+         "--deploy-dir", str(reports / "deploy"), "--fleet", "t-mon", "--prometheus", prometheus(fleet)],
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dom = chromium(reports / "fleet-report.html", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    page = dom.stdout
+    assert '<h2 id="now">Now</h2>' in page and f"From Prometheus <code>{prometheus(fleet)}</code>" in page
+    for host in SERVERS:
+        row = page[page.index(f'data-now-host="{host}"') :].split("</tr>")[0]
+        used, total = (float(x) for x in re.findall(r"([\d.]+) / ([\d.]+)</td>\s*$", row)[0])
+        assert 0 < used <= total, row  # the engine's GPU memory, from the GPU metrics
+    assert 'data-alert="GpufleetEngineRestarting"' in page
+    assert "# gpufleet fleet report: t-mon" in (reports / "fleet-report.md").read_text()
 
 
 def check_dashboard_queries(fleet) -> None:
@@ -270,3 +299,22 @@ def check_dashboard_queries(fleet) -> None:
         if not query(fleet, q["expr"]):
             empty.append(f"{q['dashboard']} / {q['panel']}: {q['expr']}")
     assert lines and not empty, "panels with no series:\n" + "\n".join(empty)
+
+
+def test_a_deploy_whose_engine_resolves_against_the_policy_is_rolled_back(fleet):
+    """SGLang resolves kv-cache-dtype auto to fp8_e4m3 for GLM-5's sparse attention on compute capability >= 10 (the
+    lab's RTX PRO 6000 is 12.0). A GPU class policy that needs bfloat16 fails the new start's health check, naming the
+    field, and the last good version serves again; the deploy report records what the engine resolved."""
+    h1 = fleet["hosts"]["mon-01"]
+    policy = {"NVIDIA RTX PRO 6000 Blackwell Server Edition x8": {"kv_cache_dtype": "bfloat16"}}
+    extra = {"sglang_server_resolved_policy": policy, "sglang_server_args_host": {"kv-cache-dtype": "auto"}}
+    before = on(h1, "systemctl show -p ExecStart --value sglang-server.service")
+    rc, out = playbook(fleet, "playbooks/deploy_server.yml", "-l", "mon-01", "-e", json.dumps(extra))
+    flat = " ".join(out.split())
+    assert rc != 0, flat[-3000:]
+    assert "the engine resolved kv_cache_dtype='fp8_e4m3' where sglang_server_resolved_policy needs 'bfloat16'" in flat
+    report = json.loads((fleet["work"] / "reports/deploy/mon-01.json").read_text())
+    assert report["result"] == "rolled_back", report["result"]
+    assert report["resolved_policy"] == {"kv_cache_dtype": "bfloat16"}
+    assert on(h1, "systemctl show -p ExecStart --value sglang-server.service") == before
+    assert health(h1["address"]) == 200

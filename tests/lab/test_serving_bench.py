@@ -16,7 +16,6 @@ import http.client
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -25,7 +24,7 @@ import time
 import pytest
 import simfleet
 from conftest import LAB_ENV, ROOT, lab, lab_json
-from lab_host import health
+from lab_host import chromium, health
 
 NAME = "t-bench"
 GPU_CLASS = "NVIDIA RTX PRO 6000 Blackwell Server Edition x8"  # the lab profile rtx-pro-6000x8-vm
@@ -107,15 +106,6 @@ def playbook(fleet, playbook: str, extra: dict, limit: str | None = None, timeou
         cmd += ["-l", limit]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=False, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr
-
-
-def chromium(html, *args: str) -> subprocess.CompletedProcess:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert exe, "Chromium is missing: `make setup` installs Debian's chromium"
-    # no network: every host name resolves to nothing and any proxy use goes to a closed port
-    cmd = [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--host-resolver-rules=MAP * ~NOTFOUND",
-           "--proxy-server=127.0.0.1:9", "--window-size=1280,2400", *args, html.as_uri()]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_bench_baseline_gate_and_report(fleet):

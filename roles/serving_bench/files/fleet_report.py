@@ -1,10 +1,13 @@
-"""Write the fleet report (reports/fleet-report.md and reports/fleet-report.html) from the controller's reports.
+"""Write the fleet report (reports/<fleet>/fleet-report.md and .html) from the controller's reports.
 
-    <bench client python> fleet_report.py REPORTS_DIR TEMPLATE
+    <bench client python> fleet_report.py REPORTS_DIR TEMPLATE [--deploy-dir DIR] [--fleet NAME] [--prometheus URL]
 
 Reads deploy/<host>.json (sglang_server), bench/<host>/<config>/<time>.json and bench/<host>/latest.json
 (serving_bench), gate/<host>.json, tune/<host>.json and baselines/*.json. The HTML page is self-contained: the
 plots (matplotlib, Agg) are PNG images in data: URIs, the style is inline, nothing is fetched.
+
+With --prometheus (the fleet's monitor, docs/observability.md) the report opens with "Now": throughput, TTFT p50/p99
+per server, GPU memory per host and the alerts firing, read from the Prometheus HTTP API when the report is written.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import argparse
 import base64
 import io
 import json
+import urllib.parse
+import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -164,9 +169,61 @@ def host_rows(data: dict) -> list[dict]:
     return rows
 
 
+# The "now" section's queries (the engine's 0.5.9 names, stored as `sglang:` by the monitor's scrape configuration).
+_TTFT = 'sum by (instance, le) (rate(sglang:time_to_first_token_seconds_bucket{job="sglang"}[5m]))'
+NOW_QUERIES = {
+    "tokens_per_s": 'sum by (instance) (rate(sglang:generation_tokens_total{job="sglang"}[5m]))',
+    "ttft_p50_s": f"histogram_quantile(0.5, {_TTFT})",
+    "ttft_p99_s": f"histogram_quantile(0.99, {_TTFT})",
+    "gpu_memory_used_bytes": 'sum by (instance) (gpufleet_gpu_memory_used_bytes{job="node"})',
+    "gpu_memory_total_bytes": 'sum by (instance) (gpufleet_gpu_memory_total_bytes{job="node"})',
+}  # fmt: skip
+
+
+def prometheus_now(url: str, timeout: float = 10.0) -> dict:
+    """{"url", "at", "hosts": {instance: {query name: value}}, "alerts": [{alertname, instance, severity}]} from the
+    Prometheus HTTP API; {"url", "error"} when it does not answer (the report is written anyway)."""
+
+    def query(expr: str) -> list:
+        full = url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(full, timeout=timeout) as resp:
+            answer = json.loads(resp.read())
+        if answer.get("status") != "success":
+            raise ValueError(f"{expr}: {answer}")
+        return answer["data"]["result"]
+
+    try:
+        hosts: dict = {}
+        for name, expr in NOW_QUERIES.items():
+            for r in query(expr):
+                value = float(r["value"][1])
+                if value == value:  # NaN (no traffic in the window): left out
+                    hosts.setdefault(r["metric"].get("instance", "?"), {})[name] = value
+        alerts = sorted(
+            ({k: r["metric"].get(k, "") for k in ("alertname", "instance", "severity")}
+             for r in query('ALERTS{alertstate="firing"}')),
+            key=lambda a: (a["alertname"], a["instance"]),
+        )  # fmt: skip
+    except (OSError, ValueError, KeyError) as exc:
+        return {"url": url, "error": str(exc)}
+    return {"url": url, "at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"), "hosts": hosts, "alerts": alerts}
+
+
 def markdown(data: dict, rows: list[dict]) -> str:
     title = f"gpufleet fleet report: {data['fleet']}" if data["fleet"] else "gpufleet fleet report"
     out = [f"# {title}\n\nWritten {data['generated']}. HTML with plots: `fleet-report.html`.\n"]
+    now = data.get("now")
+    if now and now.get("error"):
+        out.append(f"## Now\n\nPrometheus {now['url']} did not answer: {now['error']}\n")
+    elif now:
+        out.append(f"## Now\n\nFrom Prometheus {now['url']} at {now['at']}.\n")
+        out.append("| host | tokens/s | TTFT p50/p99 s | GPU memory used / total GiB |\n|---|---|---|---|")
+        for host, v in sorted(now["hosts"].items()):
+            gib = [v.get(k, 0) / 2**30 for k in ("gpu_memory_used_bytes", "gpu_memory_total_bytes")]
+            out.append(f"| {host} | {v.get('tokens_per_s', 0):.1f} | {v.get('ttft_p50_s', 0):.3f}/"
+                       f"{v.get('ttft_p99_s', 0):.3f} | {gib[0]:.1f} / {gib[1]:.1f} |")  # fmt: skip
+        firing = ", ".join(f"{a['alertname']} ({a['instance']})" for a in now["alerts"]) or "none"
+        out.append(f"\nAlerts firing: {firing}\n")
     for r in rows:
         out.append(f"## {r['host']}\n")
         out.append("| field | value |\n|---|---|")
@@ -224,10 +281,12 @@ def main() -> None:
         "--deploy-dir", type=Path, default=None, help="sglang_server's deploy reports (default reports/deploy)"
     )
     parser.add_argument("--fleet", default="", help="the fleet's name, shown in the title")
+    parser.add_argument("--prometheus", default="", help="the fleet's Prometheus (the report's 'Now' section)")
     args = parser.parse_args()
     reports, template = args.reports, args.template
     data = collect(reports, args.deploy_dir)
     data["fleet"] = args.fleet
+    data["now"] = prometheus_now(args.prometheus) if args.prometheus else None
     data["generated"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     rows = host_rows(data)
     plots = {"throughput": plot_throughput(data), "latency": plot_latency(data)}

@@ -113,7 +113,9 @@ def test_rendered_files_are_what_prometheus_reads(tmp_path):
 
     blackbox = yaml.safe_load((out / "blackbox.yml").read_text())["modules"]["gpufleet_generation"]["http"]
     assert blackbox["authorization"] == {"type": "Bearer", "credentials_file": "/etc/prometheus/gpufleet-probe.key"}
-    assert json.loads(blackbox["body"])["messages"][0]["content"].startswith("What is the capital of France?")
+    body = json.loads(blackbox["body"])
+    assert body["messages"][0]["content"].startswith("What is the capital of France?")
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}  # a reasoning model answers at once
     assert blackbox["fail_if_body_not_matches_regexp"] == ["(?i)\\bparis\\b"]
     assert "k-123" not in "".join((out / f).read_text() for f in FILES)  # the key only in its own file
     am = yaml.safe_load((out / "alertmanager.yml").read_text())

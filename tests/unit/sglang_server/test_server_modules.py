@@ -157,3 +157,40 @@ def test_engine_help_refuses_a_release_without_the_engine(run_module, tmp_path):
     args["python"] = str(tmp_path / "bin" / "python")
     result, failed = run_module("sglang_server_engine_help", args)
     assert failed and result["msg"] == f"the engine's Python {tmp_path}/bin/python does not exist or is not executable"
+
+
+def test_smoke_records_the_resolved_settings_and_holds_them_to_the_policy(serve, run_module):
+    """/get_server_info after SGLang resolved its `auto` values: recorded (never the key), and a policy the engine
+    did not resolve to fails the check, naming the field, what it resolved and what the policy needs."""
+    sim = serve(args=["--kv-cache-dtype", "fp8_e4m3", "--api-key", KEY])
+    result, failed = run_module("sglang_server_smoke", smoke_args(sim, api_key=KEY))
+    assert not failed and result["ok"], result
+    assert result["resolved"]["kv_cache_dtype"] == "fp8_e4m3" and result["resolved"]["enable_metrics"] is False
+    assert KEY not in json.dumps(result["resolved"])
+    result, _ = run_module(
+        "sglang_server_smoke", smoke_args(sim, api_key=KEY, resolved_policy={"kv_cache_dtype": "fp8_e4m3"})
+    )
+    assert result["ok"] is True, result
+    policy = {"kv_cache_dtype": "bfloat16", "page_size": 64}
+    result, _ = run_module("sglang_server_smoke", smoke_args(sim, api_key=KEY, resolved_policy=policy))
+    assert result["ok"] is False
+    assert (
+        "the engine resolved kv_cache_dtype='fp8_e4m3' where sglang_server_resolved_policy needs 'bfloat16'"
+        in (result["failures"])
+    )
+
+
+def test_resolved_policy_names_are_checked_before_any_change():
+    from ansible_collections.gpufleet.fleet.plugins.filter.sglang_server import sglang_resolved_policy_problems
+
+    assert sglang_resolved_policy_problems({"*": {"kv_cache_dtype": "bfloat16"}, "H200 x8": {"page_size": 64}}) == []
+    problems = sglang_resolved_policy_problems(
+        {"*": {"kv-cache-dtype": "bf16", "kv_cache_type": "x"}, "H200 x8": "bfloat16", "B": {"page_size": [64]}}
+    )
+    assert problems == [
+        "sglang_server_resolved_policy['*']: 'kv-cache-dtype' is no server argument of SGLang 0.5.9 (written with "
+        "dashes: use the /get_server_info name)",
+        "sglang_server_resolved_policy['*']: 'kv_cache_type' is no server argument of SGLang 0.5.9",
+        "sglang_server_resolved_policy['H200 x8'] must be a mapping {field: value}, got 'bfloat16'",
+        "sglang_server_resolved_policy['B']: page_size must be a string, number or boolean, got [64]",
+    ]
