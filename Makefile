@@ -126,8 +126,8 @@ lab-tests:
 	pytest tests/lab --durations=15
 
 # The two halves of the lab tests that `make test` runs side by side (there, 2026-12-02: the rest 19 min, the
-# fleet rollout and the lab tool's lifecycle tests 15-16 min).
-LAB_TESTS_2 := tests/lab/test_rollout.py tests/lab/test_lab_lifecycle.py tests/lab/test_lab_parallel_up.py
+# fleet rollout and the lab tool's lifecycle tests 15-16 min; the monitoring scenario, about 7 min, joined the second).
+LAB_TESTS_2 := tests/lab/test_rollout.py tests/lab/test_lab_lifecycle.py tests/lab/test_lab_parallel_up.py tests/lab/test_monitoring.py
 lab-tests-1:
 	$(if $(NO_PRUNE),,python -m gpufleet_lab prune)
 	pytest tests/lab $(addprefix --ignore=,$(LAB_TESTS_2)) --durations=10

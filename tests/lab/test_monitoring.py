@@ -284,7 +284,9 @@ def check_dashboard_queries(fleet) -> None:
     a metric name that drifted (SGLang's own dashboard broke over `sglang:` vs `sglang_`) returns none."""
     # traffic through the gateway first: the router's request metrics exist from its first request
     for _ in range(3):
-        body = json.dumps({"messages": [{"role": "user", "content": "dashboards"}], "max_tokens": 8}).encode()
+        body = json.dumps(
+            {"model": "glm-5", "messages": [{"role": "user", "content": "dashboards"}], "max_tokens": 8}
+        ).encode()
         req = urllib.request.Request(f"http://{fleet['hosts'][GATEWAY]['address']}:30000/v1/chat/completions",
                                      data=body, headers={"Content-Type": "application/json",
                                                          "Authorization": f"Bearer {KEY}"})  # fmt: skip
