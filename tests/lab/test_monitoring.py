@@ -34,6 +34,7 @@ import urllib.request
 
 import pytest
 import simfleet
+import yaml
 from conftest import LAB_ENV, ROOT, lab, lab_json
 from lab_host import chromium, health
 
@@ -44,17 +45,19 @@ KEY = "mon-key-7c1e"
 ROUTER_KEY = "mon-router-key-not-a-secret"  # the gateway's control-plane key (lab equipment)
 FAULT_FILE = "/run/sglang-sim-faults"
 ARTIFACTS = ROOT / "tests/lab/artifacts"
-GROUP_VARS = simfleet.GROUP_VARS | {
-    "sglang_server_api_key": KEY,
-    "fleet_router_control_plane_api_key": ROUTER_KEY,
-    "fleet_router_wheelhouse": str(ROOT / ".cache/smg/wheelhouse"),
-    "sglang_server_environment": simfleet.GROUP_VARS["sglang_server_environment"]
-    | {"SGLANG_SIM_FAULT_FILE": FAULT_FILE},
-    # the lab's monitor: scrapes and rule evaluations every 5 s (inventory/lab/group_vars, as `make deploy` has it)
-    "fleet_monitor_scrape_interval_s": 5,
-    "fleet_monitor_evaluation_interval_s": 5,
-    "node_exporter_gpu_interval_s": 5,
-}
+# the lab's monitor as `make deploy` has it (inventory/lab/group_vars): scrapes and rule evaluations every 5 s, a lab
+# host's overlay root seen by node-exporter
+GROUP_VARS = (
+    simfleet.GROUP_VARS
+    | {
+        "sglang_server_api_key": KEY,
+        "fleet_router_control_plane_api_key": ROUTER_KEY,
+        "fleet_router_wheelhouse": str(ROOT / ".cache/smg/wheelhouse"),
+        "sglang_server_environment": simfleet.GROUP_VARS["sglang_server_environment"]
+        | {"SGLANG_SIM_FAULT_FILE": FAULT_FILE},
+    }
+    | yaml.safe_load((ROOT / "inventory/lab/group_vars/gpufleet_lab/fleet_monitor.yml").read_text())
+)
 # How long each alert may take to fire after its fault (its `for:` + scrapes and evaluations every 5 s + the timer of
 # the GPU metrics + Alertmanager's group_wait of 10 s), and to resolve after the repair.
 BOUND_FIRE_S = {
@@ -233,8 +236,6 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
         ("GpufleetNodeExporterDown", GATEWAY): "the gateway's node exporter stopped",
     }
     fired = wait_for(fleet, wanted, True, BOUND_FIRE_S)
-    # the dashboards' queries, while alerts fire (their firing-alerts panels have series now)
-    check_dashboard_queries(fleet)
     # the repairs
     on(h1, f": > {FAULT_FILE}")
     on(gw, "systemctl start prometheus-node-exporter.service")
@@ -252,6 +253,8 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
                               "resolved_after_repair_s": resolved.get((a, i))} for a, i in wanted}  # fmt: skip
     (ARTIFACTS / "monitoring-faults.json").write_text(json.dumps(measured, indent=1))
     print("alerts:", json.dumps(measured))
+    # the dashboards' queries on the repaired fleet (GpufleetEngineRestarting still fires: the firing-alerts panels)
+    check_dashboard_queries(fleet)
 
 
 def test_the_fleet_report_opens_with_now_from_prometheus(fleet):
@@ -282,16 +285,18 @@ def test_the_fleet_report_opens_with_now_from_prometheus(fleet):
 def check_dashboard_queries(fleet) -> None:
     """Every panel query of every dashboard (tools/dashboards.py --queries) returns series from the lab's Prometheus:
     a metric name that drifted (SGLang's own dashboard broke over `sglang:` vs `sglang_`) returns none."""
-    # traffic through the gateway first: the router's request metrics exist from its first request
-    for _ in range(3):
+    # traffic through the gateway first: the router's request metrics exist from its first request, and SGLang
+    # observes inter-token latency on streamed answers only
+    for stream in (False, True, True):
         body = json.dumps(
-            {"model": "glm-5", "messages": [{"role": "user", "content": "dashboards"}], "max_tokens": 8}
-        ).encode()
+            {"model": "glm-5", "messages": [{"role": "user", "content": "dashboards"}], "max_tokens": 16,
+             "stream": stream}
+        ).encode()  # fmt: skip
         req = urllib.request.Request(f"http://{fleet['hosts'][GATEWAY]['address']}:30000/v1/chat/completions",
                                      data=body, headers={"Content-Type": "application/json",
                                                          "Authorization": f"Bearer {KEY}"})  # fmt: skip
         with urllib.request.urlopen(req, timeout=60) as resp:
-            assert resp.status == 200
+            assert resp.status == 200 and resp.read()
     time.sleep(12)  # two scrapes
     lines = subprocess.run([sys.executable, "tools/dashboards.py", "--queries"], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.splitlines()  # fmt: skip
@@ -310,7 +315,7 @@ def test_a_deploy_whose_engine_resolves_against_the_policy_is_rolled_back(fleet)
     h1 = fleet["hosts"]["mon-01"]
     policy = {"NVIDIA RTX PRO 6000 Blackwell Server Edition x8": {"kv_cache_dtype": "bfloat16"}}
     extra = {"sglang_server_resolved_policy": policy, "sglang_server_args_host": {"kv-cache-dtype": "auto"}}
-    before = on(h1, "systemctl show -p ExecStart --value sglang-server.service")
+    before = on(h1, "sha256sum /etc/systemd/system/sglang-server.service")
     rc, out = playbook(fleet, "playbooks/deploy_server.yml", "-l", "mon-01", "-e", json.dumps(extra))
     flat = " ".join(out.split())
     assert rc != 0, flat[-3000:]
@@ -318,5 +323,5 @@ def test_a_deploy_whose_engine_resolves_against_the_policy_is_rolled_back(fleet)
     report = json.loads((fleet["work"] / "reports/deploy/mon-01.json").read_text())
     assert report["result"] == "rolled_back", report["result"]
     assert report["resolved_policy"] == {"kv_cache_dtype": "bfloat16"}
-    assert on(h1, "systemctl show -p ExecStart --value sglang-server.service") == before
+    assert on(h1, "sha256sum /etc/systemd/system/sglang-server.service") == before  # the last good unit
     assert health(h1["address"]) == 200
