@@ -31,22 +31,28 @@ SEED_ARGV = shlex.split(
     " --disable-custom-all-reduce --enable-flashinfer-allreduce-fusion --host 0.0.0.0 --port 8000"
 )
 RELEASE = "/opt/ml-env/releases/2026-11-30-sglang-cu128"
-# What validate.yml derives on the host (set_fact), for a release without secrets.
+# What validate.yml derives, taken from the role itself (its "Derive names, paths and the unit's environment" task),
+# never a copy: the unit's environment, the release's python, the served name.
+ROLE_DERIVED = next(
+    t["ansible.builtin.set_fact"]
+    for t in yaml.safe_load((REPO / "roles/sglang_server/tasks/validate.yml").read_text())
+    if t.get("name") == "Derive names, paths and the unit's environment"
+)
+# What validate.yml reads on the host (the release behind the current link), and the redactor left out.
 DERIVED = {
     "sglang_server_release": RELEASE,
-    "sglang_server_python": RELEASE + "/bin/python",
-    "sglang_server_release_id": "2026-11-30-sglang-cu128",
     "sglang_server_argv": "{{ sglang_server_flags | gpufleet.fleet.sglang_argv }}",
     "sglang_server_model": "{{ sglang_server_flags | gpufleet.fleet.sglang_arg('model-path', '') | string }}",
-    "sglang_server_served_name": (
-        "{{ sglang_server_flags | gpufleet.fleet.sglang_arg('served-model-name', sglang_server_model) }}"
-    ),
     "sglang_server_use_redactor": False,
     "sglang_server_redactor_sha256": "",
     "sglang_server_runtime_dir_name": "{{ sglang_server_service_name }}",
     "sglang_server_secrets_file": "{{ sglang_server_config_dir }}/secrets.env",
-    "sglang_server_unit_environment": "{{ {'CUDA_HOME': sglang_server_cuda_home} | combine(gpu_facts_comm.nccl_env) }}",
-}
+    **{
+        k: ROLE_DERIVED[k]
+        for k in ("sglang_server_python", "sglang_server_release_id", "sglang_server_served_name",
+                  "sglang_server_unit_environment")
+    },
+}  # fmt: skip
 
 
 def systemd_split(line: str) -> list[str]:
@@ -89,6 +95,22 @@ def test_sglang_0_5_9_parses_the_units_command_line_as_the_seeds(unit):
     # the seed's, and metrics on (sglang_server_metrics, the flags' lowest layer, which the seed lacked)
     assert parsed == vars(parser.parse_args([*SEED_ARGV, "--enable-metrics"]))
     assert parsed["model_path"] == "lukealonso/GLM-5-NVFP4" and parsed["tensor_parallel_size"] == 8
+
+
+def test_the_units_environment_is_the_roles(unit):
+    """Every variable the role puts in the unit (validate.yml's derivation, not a copy of it): CUDA_HOME, the caches
+    under the server's cache folder, HOME, the NCCL settings gpu_facts derived for the host, HF_HUB_OFFLINE only for
+    a local model (the example serves a Hugging Face id)."""
+    env = dict(
+        line.removeprefix("Environment=").strip('"').split("=", 1)
+        for line in unit.splitlines()
+        if line.startswith("Environment=")
+    )
+    wanted = ["CUDA_HOME", "OMP_NUM_THREADS", "SAFETENSORS_FAST_GPU", "XDG_CACHE_HOME", "TRITON_CACHE_DIR",
+              "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH", "HF_HOME", "FLASHINFER_WORKSPACE_BASE", "HOME"]  # fmt: skip
+    assert [name for name in wanted if name not in env] == [], env
+    assert env["TRITON_CACHE_DIR"] == env["XDG_CACHE_HOME"] + "/triton"
+    assert any(k.startswith("NCCL_") for k in env) and "HF_HUB_OFFLINE" not in env
 
 
 def test_a_flag_the_0_5_9_parser_does_not_know_fails_to_parse(unit):
