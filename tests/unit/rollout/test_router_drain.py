@@ -8,6 +8,8 @@ import http.client
 import json
 import threading
 import time
+import urllib.request
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -99,11 +101,12 @@ def test_a_worker_whose_health_is_not_200_is_never_added(worker, capsys):
 
 @pytest.fixture
 def router():
-    """A loopback stand-in for smg's worker API (GET/POST /workers, DELETE /workers/<id>): a POSTed worker is listed
-    healthy at once; a deleted one is listed as draining (not healthy) for the next state["settle_gets"] GETs, then
-    gone, as smg 1.13.0 lists it through its settle window (the real router takes seconds; the module waits for the
-    list)."""
-    state = {"workers": {}, "calls": [], "settle_gets": 0, "draining": {}, "posted": []}
+    """A loopback stand-in for smg's worker API (GET/POST /workers, DELETE /workers/<id>), as strict as smg 1.13.0
+    where the module depends on it: a call without the control-plane key is answered 401; a POSTed worker is probed
+    first and listed (healthy, under a UUID) only when its /health answers, as smg's registration job does, never
+    an unreachable one; a deleted one is listed as draining (not healthy) for the next state["settle_gets"] GETs,
+    then gone, as smg lists it through its settle window (the real router takes seconds; the module waits)."""
+    state = {"workers": {}, "calls": [], "settle_gets": 0, "draining": {}, "posted": [], "key": "k"}
 
     class Handler(BaseHTTPRequestHandler):
         def answer(self, status, body=None):
@@ -113,7 +116,17 @@ def router():
             self.end_headers()
             self.wfile.write(data)
 
+        def refused(self) -> bool:
+            if self.headers.get("Authorization") == f"Bearer {state['key']}":
+                return False
+            if self.command == "POST":
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.answer(401, {"error": {"type": "unauthorized", "message": "Unauthorized"}})
+            return True
+
         def do_GET(self):  # noqa: N802 (http.server's names)
+            if self.refused():
+                return
             state["calls"].append(("GET", self.path))
             workers = [{"id": i, "url": u, "is_healthy": True, "status": "ready"} for i, u in state["workers"].items()]
             for worker_id, (url, left) in list(state["draining"].items()):
@@ -124,14 +137,24 @@ def router():
             self.answer(200, {"workers": workers})
 
         def do_POST(self):  # noqa: N802
+            if self.refused():
+                return
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             url = body["url"]
             state["calls"].append(("POST", url))
             state["posted"].append(body)
-            state["workers"][f"id-{len(state['calls'])}"] = url
-            self.answer(202)
+            try:  # smg's registration job probes the worker before it lists it
+                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    answers = resp.status == 200
+            except OSError:
+                answers = False
+            if answers:
+                state["workers"][str(uuid.uuid4())] = url
+            self.answer(202, {"status": "accepted"})
 
         def do_DELETE(self):  # noqa: N802
+            if self.refused():
+                return
             state.get("on_delete", lambda: None)()
             worker_id = self.path.rsplit("/", 1)[1]
             url = state["workers"].pop(worker_id, worker_id)
@@ -231,13 +254,17 @@ def test_a_worker_still_draining_is_added_back_only_after_the_router_dropped_it(
 def test_the_workers_health_is_checked_concurrently(router, capsys):
     """SGLang's /health answers after a one-token generation (at least a second): a batch's workers are checked at
     once. Each stand-in worker answers 200 only once all three checks are in flight together (else 503 after 5 s),
-    so checks made one after another leave every worker out."""
+    so checks made one after another leave every worker out. (The router's own probe of a posted worker comes later:
+    once the three were in flight together, a worker answers.)"""
     barrier = threading.Barrier(3, timeout=5)
+    met = threading.Event()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
             try:
-                barrier.wait()
+                if not met.is_set():
+                    barrier.wait()
+                    met.set()
                 status = 200
             except threading.BrokenBarrierError:
                 status = 503
@@ -260,6 +287,26 @@ def test_the_workers_health_is_checked_concurrently(router, capsys):
             server.shutdown()
     assert not failed, result
     assert result["left_out"] == {} and sorted(result["in_router_urls"]) == sorted(urls)
+
+
+def test_a_call_without_the_control_plane_key_fails_naming_the_answer(router, worker, capsys):
+    """smg 1.13.0 answers 401 to a worker-API call without the admin key: the module fails and says so; nothing is
+    posted."""
+    args = {"api_url": router["url"], "api_key": "not-the-key", "state": "present", "urls": [worker["url"]],
+            "health_timeout": 5}  # fmt: skip
+    result, failed = run_module(MODULE, args, capsys)
+    assert failed and "401" in result["msg"], result
+    assert router["posted"] == []
+
+
+def test_the_servers_key_goes_with_each_post(router, worker, capsys):
+    """With worker_api_key (the servers' API key) smg is given it with the worker (WorkerSpec.api_key), never shown."""
+    args = {"api_url": router["url"], "api_key": "k", "state": "present", "urls": [worker["url"]], "health_timeout": 5,
+            "worker_api_key": "server-key-123"}  # fmt: skip
+    result, failed = run_module(MODULE, args, capsys)
+    assert not failed, result
+    assert router["posted"] == [{"url": worker["url"], "runtime": "sglang", "api_key": "server-key-123"}]
+    assert "server-key-123" not in json.dumps(result)
 
 
 def test_a_runtime_the_router_does_not_know_is_refused_before_any_call(router, capsys):
