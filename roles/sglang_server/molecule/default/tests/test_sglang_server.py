@@ -65,7 +65,8 @@ def test_exec_start_is_the_seed_launch(host):
     # The log-redacting launcher runs the engine (a secret is set), then the engine's own command line.
     assert argv[:3] == [python, "/usr/local/libexec/gpufleet/sglang-log-redact", "--"]
     assert argv[3:6] == [python, "-m", "sglang_sim.launch_server"]
-    assert argv[6:-2] == SEED_ARGS
+    # metrics first (the role's own lowest flag layer, sglang_server_metrics), then the seed's flags in layer order
+    assert argv[6:-2] == ["--enable-metrics", *SEED_ARGS]
     assert argv[-2:] == ["--config", "/run/sglang-server/secret-args.yaml"]
 
 
