@@ -29,8 +29,7 @@ def fleet_monitor_targets(
     monitors = list(groups.get(monitor_group) or [])
     out: dict = {"servers": [], "routers": [], "nodes": []}
     # every server that serves HTTP is scraped, also one kept out of the router (fleet_router_register: false)
-    served = {h: dict(hostvars[h], fleet_router_register=True) for h in servers}
-    urls = fleet_worker_urls(servers, served, 0, groups)
+    urls = fleet_worker_urls(servers, hostvars, 0, groups, registered_only=False)
     in_router = fleet_worker_urls(servers, hostvars, 0, groups)
     models = rollout_worker_models(list(urls), hostvars)  # the model the rollout's disruption budget counts by
     for host, url in urls.items():

@@ -22,13 +22,15 @@ def _nodes_of(host: str, hostvars, groups) -> list:
     return multinode_nodes(host, hostvars[host].get("sglang_server_multinode_group"), groups)
 
 
-def fleet_worker_urls(hosts: list, hostvars, port, groups=None) -> dict:
+def fleet_worker_urls(hosts: list, hostvars, port, groups=None, registered_only: bool = True) -> dict:
     """{host: URL} of the hosts that serve HTTP: a non-zero rank of a multi-node server (SGLang serves HTTP on
-    rank 0 only) and a host with fleet_router_register: false are left out."""
+    rank 0 only) is left out, and, with registered_only, a host with fleet_router_register: false (the monitor
+    watches it all the same)."""
     return {
         h: fleet_worker_url(h, hostvars, port)
         for h in hosts
-        if hostvars[h].get("fleet_router_register", True) and _nodes_of(h, hostvars, groups)[0] == h
+        if (not registered_only or hostvars[h].get("fleet_router_register", True))
+        and _nodes_of(h, hostvars, groups)[0] == h
     }
 
 
