@@ -85,6 +85,7 @@ options:
     description:
       - With present, each worker must answer C(GET <url>/health) with 200 (this many seconds per request) before
         it is added; one that does not is not added and the module fails (a failed host never gets traffic).
+        A worker the router already lists healthy (its own C(/health) check passed) is not asked again.
         0 checks nothing before the C(POST).
   workers_file:
     type: path
@@ -380,7 +381,10 @@ def main() -> None:
     by_url = {norm(w["url"]): w for w in current}
     left_out = {}
     if p["state"] == "present" and p["health_timeout"] > 0 and not module.check_mode:
-        for url, (status, _) in get_each(wanted, "/health", p["health_timeout"]).items():
+        # a worker the router already lists healthy passed the router's own /health check: not probed again (a
+        # no-op deploy.yml would otherwise wait a one-token generation per worker for nothing)
+        unknown = [u for u in wanted if not by_url.get(u, {}).get("is_healthy")]
+        for url, (status, _) in get_each(unknown, "/health", p["health_timeout"]).items():
             if status == 200:
                 continue
             if not p["leave_out_unhealthy"]:

@@ -244,6 +244,17 @@ def test_router_serves_the_fleet_and_keeps_its_key_out_of_argv(fleet):
     assert recap(again.stdout)[GATEWAY]["changed"] == 0, changed_tasks(again.stdout)
     assert on(gw, "systemctl show -p MainPID --value smg-router").strip() == pid
     assert sorted(w["url"] for w in router_workers(gw["address"]) if w["is_healthy"]) == urls
+    # The no-op fast path compares the host with what the run would write: a hand edit of the unit is seen and undone,
+    # and the router restarted on it serves every worker again.
+    unit = on(gw, "cat /etc/systemd/system/smg-router.service")
+    on(gw, "echo 'Environment=HAND_EDIT=1' >> /etc/systemd/system/smg-router.service && systemctl daemon-reload")
+    undone = play("playbooks/router.yml")
+    assert undone.returncode == 0, undone.stdout[-3000:]
+    assert recap(undone.stdout)[GATEWAY]["changed"] > 0
+    assert "differs: /etc/systemd/system/smg-router.service" in undone.stdout
+    assert on(gw, "cat /etc/systemd/system/smg-router.service") == unit
+    assert on(gw, "systemctl show -p MainPID --value smg-router").strip() != pid
+    assert sorted(w["url"] for w in router_workers(gw["address"]) if w["is_healthy"]) == urls
 
 
 RECORD = "/var/lib/smg-router/workers.json"  # fleet_router_workers_file's default

@@ -187,6 +187,18 @@ def test_a_batch_is_added_back_in_one_run_leaving_out_the_unhealthy_worker(route
     assert router["posted"] == [{"url": worker["url"], "runtime": "sglang"}]
 
 
+def test_a_worker_the_router_lists_healthy_is_not_probed_again(router, worker, capsys):
+    """A no-op deploy.yml: the router already lists the worker healthy (its own /health check passed), so the module
+    neither waits for another /health (a one-token generation on SGLang) nor posts it again."""
+    router["workers"]["a"] = worker["url"]
+    args = {"api_url": router["url"], "api_key": "k", "state": "present", "urls": [worker["url"]], "health_timeout": 5,
+            "leave_out_unhealthy": True}  # fmt: skip
+    result, failed = run_module(MODULE, args, capsys)
+    assert not failed and not result["changed"], result
+    assert result["in_router_urls"] == [worker["url"]]
+    assert worker["gets"] == [] and router["posted"] == []
+
+
 def test_without_leave_out_one_unhealthy_worker_fails_the_run_and_adds_none(router, worker, capsys):
     args = {"api_url": router["url"], "api_key": "k", "state": "present", "urls": [worker["url"], "http://127.0.0.1:9"],
             "health_timeout": 2}  # fmt: skip
