@@ -85,7 +85,9 @@ options:
     description:
       - With present, each worker must answer C(GET <url>/health) with 200 (this many seconds per request) before
         it is added; one that does not is not added and the module fails (a failed host never gets traffic).
-        A worker the router already lists healthy (its own C(/health) check passed) is not asked again.
+        A worker the router already lists healthy (its own C(/health) check passed) is not asked again. A C(POST)
+        answered 409 (smg knows the URL: its launcher re-adds the gateway's record at each start) is waited for like
+        one posted here.
         0 checks nothing before the C(POST).
   workers_file:
     type: path
@@ -432,6 +434,10 @@ def main() -> None:
         if p["worker_api_key"]:
             spec["api_key"] = p["worker_api_key"]  # smg's WorkerSpec.api_key: what smg sends to this worker
         status, body = router.call("POST", "/workers", spec)
+        if status == 409:
+            # smg 1.13.0 knows the URL already: listed since the read above, or its registration job still runs (its
+            # launcher re-adds the gateway's record at each start); waited for below like a worker posted here
+            continue
         if status not in (200, 201, 202):
             module.fail_json(msg=f"POST /workers {url} answered {status}: {body}", workers=current)
     for item in removed:

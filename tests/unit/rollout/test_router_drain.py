@@ -105,8 +105,10 @@ def router():
     where the module depends on it: a call without the control-plane key is answered 401; a POSTed worker is probed
     first and listed (healthy, under a UUID) only when its /health answers, as smg's registration job does, never
     an unreachable one; a deleted one is listed as draining (not healthy) for the next state["settle_gets"] GETs,
-    then gone, as smg lists it through its settle window (the real router takes seconds; the module waits)."""
-    state = {"workers": {}, "calls": [], "settle_gets": 0, "draining": {}, "posted": [], "key": "k"}
+    then gone, as smg lists it through its settle window (the real router takes seconds; the module waits); a POST of
+    a URL it lists or is still registering (state["creating"]: URL -> GETs until listed, what smg's launcher does with
+    the gateway's record at a start) is answered 409, as smg 1.13.0 answers it."""
+    state = {"workers": {}, "calls": [], "settle_gets": 0, "draining": {}, "posted": [], "key": "k", "creating": {}}
 
     class Handler(BaseHTTPRequestHandler):
         def answer(self, status, body=None):
@@ -128,6 +130,11 @@ def router():
             if self.refused():
                 return
             state["calls"].append(("GET", self.path))
+            for url, left in list(state["creating"].items()):  # a registration job in flight: listed once it ends
+                state["creating"][url] = left - 1
+                if left <= 1:
+                    del state["creating"][url]
+                    state["workers"][str(uuid.uuid4())] = url
             workers = [{"id": i, "url": u, "is_healthy": True, "status": "ready"} for i, u in state["workers"].items()]
             for worker_id, (url, left) in list(state["draining"].items()):
                 workers.append({"id": worker_id, "url": url, "is_healthy": False, "status": "draining"})
@@ -143,6 +150,11 @@ def router():
             url = body["url"]
             state["calls"].append(("POST", url))
             state["posted"].append(body)
+            known = [i for i, u in state["workers"].items() if u == url]
+            if known or url in state["creating"]:  # smg 1.13.0: the URL is listed, or its registration job runs
+                code = "WORKER_ALREADY_EXISTS" if known else "WORKER_CREATE_IN_PROGRESS"
+                self.answer(409, {"error": f"Worker at URL '{url}': {code}", "code": code})
+                return
             try:  # smg's registration job probes the worker before it lists it
                 with urllib.request.urlopen(url + "/health", timeout=2) as resp:
                     answers = resp.status == 200
@@ -197,6 +209,19 @@ def test_a_worker_the_router_lists_healthy_is_not_probed_again(router, worker, c
     assert not failed and not result["changed"], result
     assert result["in_router_urls"] == [worker["url"]]
     assert worker["gets"] == [] and router["posted"] == []
+
+
+def test_a_worker_the_restarted_router_is_still_registering_is_waited_for_not_refused(router, worker, capsys):
+    """Right after a router restart smg's launcher re-adds the gateway's record: a worker not yet listed is being
+    created, and smg 1.13.0 answers a POST of it 409 (WORKER_CREATE_IN_PROGRESS). The module waits for it to be
+    listed healthy instead of failing the run."""
+    router["creating"][worker["url"]] = 2
+    args = {"api_url": router["url"], "api_key": "k", "state": "present", "urls": [worker["url"]], "health_timeout": 5,
+            "leave_out_unhealthy": True}  # fmt: skip
+    result, failed = run_module(MODULE, args, capsys)
+    assert not failed, result
+    assert result["in_router"] is True and result["in_router_urls"] == [worker["url"]]
+    assert [c for c in router["calls"] if c[0] == "POST"] == [("POST", worker["url"])]
 
 
 def test_without_leave_out_one_unhealthy_worker_fails_the_run_and_adds_none(router, worker, capsys):
