@@ -357,6 +357,9 @@ class Lab:
                 "--resolv-conf=copy-host",
                 f"--uuid={uuid.uuid4()}",
                 f"--hostname={name}",
+                # root of a VM may change its own network's firewall (fleet_firewall's nftables table); the host has
+                # a network namespace of its own, so nothing outside it is reachable by this capability
+                "--capability=CAP_NET_ADMIN",
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,

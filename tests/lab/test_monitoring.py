@@ -170,12 +170,28 @@ def test_every_target_is_up(fleet):
     )
 
 
+def http_code(host: dict, url: str) -> str:
+    """The HTTP status a curl from the host gets, or 000 when the connection is refused or reset."""
+    return on(host, f"curl -s -o /dev/null -w '%{{http_code}}' -m 5 {url}", check=False).strip()[-3:]
+
+
 def test_metrics_reach_only_who_should(fleet):
-    """SGLang 0.5.9 serves /metrics without the API key; the monitor reads it, the generation API still asks for the
-    key; node-exporter and Prometheus listen on the hosts' own addresses, not on every interface."""
+    """SGLang 0.5.9 serves /metrics without the API key on its API port; the host firewall (fleet_firewall) lets the
+    monitor, the gateway and the controller reach that port and node-exporter's, and refuses another host of the
+    fleet at once; the gateway's API stays open. The generation API still asks for the key; node-exporter and
+    Prometheus listen on the hosts' own addresses, not on every interface."""
     address = fleet["hosts"]["mon-01"]["address"]
-    with urllib.request.urlopen(f"http://{address}:8000/metrics", timeout=10) as resp:
+    with urllib.request.urlopen(f"http://{address}:8000/metrics", timeout=10) as resp:  # the controller
         assert resp.status == 200 and b"sglang:num_running_reqs" in resp.read()
+    gw, other = fleet["hosts"][GATEWAY], fleet["hosts"]["mon-02"]
+    assert http_code(gw, f"http://{address}:8000/metrics") == "200"  # the monitor (and gateway)
+    assert http_code(gw, f"http://{address}:9100/metrics") == "200"
+    assert http_code(other, f"http://{address}:8000/metrics") == "000"  # another server: reset
+    assert http_code(other, f"http://{address}:9100/metrics") == "000"
+    assert http_code(other, f"http://{gw['address']}:29000/metrics") == "000"  # smg's metrics: the monitor's
+    assert http_code(other, f"http://{gw['address']}:30000/liveness") == "200"  # the gateway's API: open
+    assert http_code(fleet["hosts"]["mon-01"], f"http://{address}:8000/metrics") == "200"  # the host itself
+    assert "table inet gpufleet" in on(fleet["hosts"]["mon-01"], "nft list tables")
     listening = on(fleet["hosts"][GATEWAY], "ss -Hltn")
     assert f"{fleet['hosts'][GATEWAY]['address']}:9090" in listening and "0.0.0.0:9090" not in listening
     assert "127.0.0.1:9115" in listening  # the blackbox exporter: Prometheus' own helper only
