@@ -7,45 +7,6 @@ from __future__ import annotations
 
 import re
 
-DOCUMENTATION = """
-name: cuda_toolkit_problems
-short_description: Semantic checks of the cuda_toolkit role's settings
-description:
-  - C(cuda_toolkit_problems) returns a list of error messages (empty when the settings are consistent); each
-    names the variable and the fix.
-  - C(cuda_toolkit_driver_problem) compares a driver version with the floor table of
-    C(roles/cuda_toolkit/vars/driver_floors.yml) and returns an error message or an empty string.
-  - C(cuda_toolkit_repo_distribution) maps a host's distribution to NVIDIA's repository path name.
-options:
-  _input:
-    description: A dict of the role's settings (see the role's tasks/validate.yml).
-    type: dict
-    required: true
-"""
-
-EXAMPLES = """
-- name: Refuse inconsistent settings
-  ansible.builtin.assert:
-    that: problems | length == 0
-    fail_msg: "{{ problems | join(' | ') }}"
-  vars:
-    problems: "{{ {'version': cuda_toolkit_version, 'method': cuda_toolkit_method} | cuda_toolkit_problems }}"
-
-- name: Refuse an old driver
-  ansible.builtin.assert:
-    that: problem == ''
-    fail_msg: "{{ problem }}"
-  vars:
-    problem: "{{ '570.172.08' | cuda_toolkit_driver_problem('12.8', cuda_toolkit_driver_floors) }}"
-"""
-
-RETURN = """
-_value:
-  description: A list of messages (cuda_toolkit_problems), a message or '' (cuda_toolkit_driver_problem),
-    or a repository name such as C(debian12) or '' (cuda_toolkit_repo_distribution).
-  type: raw
-"""
-
 METHODS = ("apt", "runfile", "wheels")
 # (distribution, major version) -> NVIDIA repository path name; the role supports exactly these.
 SUPPORTED = {("Debian", "12"): "debian12", ("Ubuntu", "22"): "ubuntu2204", ("Ubuntu", "24"): "ubuntu2404"}

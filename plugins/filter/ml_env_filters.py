@@ -35,34 +35,6 @@ import json
 import math
 import re
 
-DOCUMENTATION = r"""
-name: ml_env_parse_lock
-short_description: Decisions of the ml_env role (lock parsing, release id, kernel plan, build settings)
-description:
-  - C(ml_env_parse_lock) reads a hashed requirements lock; C(ml_env_release_id) names a release;
-    C(ml_env_cuda_archs), C(ml_env_flash_attn_archs), C(ml_env_max_jobs) derive kernel build settings;
-    C(ml_env_kernel_tag), C(ml_env_kernel_plan), C(ml_env_kernel_builder) decide build or reuse;
-    C(ml_env_prune) picks releases to remove; C(ml_env_uv_error) summarises a failed install.
-  - See the module docstring and docs/ml-env.md.
-options:
-  _input:
-    description: Depends on the filter (lock text, gpu_facts dict, memory in MB, ...).
-    required: true
-"""
-
-EXAMPLES = r"""
-lock: "{{ lookup('ansible.builtin.file', ml_env_lock_dir ~ '/requirements.txt') | ml_env_parse_lock }}"
-archs: "{{ ansible_facts.gpu_facts | default({}) | ml_env_cuda_archs }}"
-flash_attn_archs: "{{ ['120'] | ml_env_flash_attn_archs }}"   # "120"
-max_jobs: "{{ ansible_facts.memtotal_mb | ml_env_max_jobs(ansible_facts.processor_vcpus, 10) }}"
-"""
-
-RETURN = r"""
-_value:
-  description: Depends on the filter; see the module docstring.
-  type: raw
-"""
-
 _REQ_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==\s*([^\s;]+)")
 _HASH_RE = re.compile(r"--hash[= ]([a-z0-9]+):([0-9a-fA-F]+)")
 

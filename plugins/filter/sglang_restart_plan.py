@@ -9,26 +9,6 @@ from __future__ import annotations
 
 import math
 
-DOCUMENTATION = r"""
-name: sglang_restart_plan
-short_description: Order and batch sizes of the hosts that must restart
-description:
-  - C(_input) is a list, in play order, of C({name, restart, nodes}) (C(restart) true when the host has restart
-    reasons, C(nodes) the hosts of its server, one for a single-node server).
-  - Returns C({order, batches, units}); C(batches) is the list of batch sizes for the play's C(serial) (a
-    multi-node server is never split, even when it is larger than C(serial)).
-positional: _input, serial
-options:
-  _input:
-    description: The hosts of the plan play.
-    type: list
-    required: true
-  serial:
-    description: At most this many hosts restart at once; an integer or a percentage of the restarting hosts ("25%").
-    type: raw
-    default: 1
-"""
-
 
 class RestartPlanError(ValueError):
     pass

@@ -13,28 +13,6 @@ import re
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_help import help_options
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import journal_match
 
-DOCUMENTATION = r"""
-name: sglang_argv
-short_description: Render a mapping of SGLang options into the server's argv
-description:
-  - C(args) maps SGLang long option names (without C(--)) to values. C(true) renders a bare flag,
-    C(false)/C(null) omits the option, a list renders one flag followed by its values
-    (C(--cuda-graph-bs 1 2 4)), a mapping renders as a JSON string, anything else as its string form.
-  - The shapes are checked against the argument table of the pinned SGLang
-    (roles/sglang_server/files/sglang-args-<version>.json); errors are
-    a switch given a value, a value option given C(true), a list for a single-value option, two
-    spellings of one option (C(model) and C(model-path)), deprecated options and secrets
-    (C(api-key), C(admin-api-key)) are errors.
-  - Options missing from the table are rendered by the generic rules; the exact-flag check against the
-    installed engine's C(--help) (C(sglang_flag_problems)) decides whether they exist.
-positional: _input
-options:
-  _input:
-    description: Mapping of option -> value (the merged flags, C(sglang_server_flags)).
-    type: dict
-    required: true
-"""
-
 # The option table is the sglang_server role's file (roles/sglang_server/files), beside this plugin in the collection.
 ARGS_TABLE_FILE = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "roles", "sglang_server", "files", "sglang-args-0.5.9.json"
