@@ -1,13 +1,14 @@
 """Filters of the gpu_facts role: the one derivation of communication settings, and the preflight checks.
 
 ``gpu_comm_settings(facts, overrides, nnodes)``
-    The NCCL environment and SGLang communication flags for one host, derived from its
+    The NCCL environment and communication profile of one host, derived from its
     ``ansible_facts.gpu_facts`` (see docs/gpu-facts.md), with inventory overrides and the
     provenance of every value.
 
 ``gpu_preflight_problems(facts, settings)``
     Semantic checks before anything changes on a host: driver floor for the CUDA version,
-    compute capability, tp x pp against the GPUs, busy GPUs, disk space, backends.
+    compute capability, busy GPUs, disk space, the derived settings' own errors. (The server's launch spec
+    against these facts, tp x pp and backends, is the sglang_server role's: filter sglang_launch_problems.)
 
 Both are pure functions of plain data (no Ansible import needed), so the unit tests call them
 directly on real captures.
@@ -20,10 +21,10 @@ from types import SimpleNamespace
 
 DOCUMENTATION = r"""
 name: gpu_comm_settings
-short_description: Derive NCCL environment and SGLang communication flags from gpu_facts
+short_description: Derive the NCCL environment and communication profile from gpu_facts
 description:
-  - Input is C(ansible_facts.gpu_facts); output is a dict with C(nccl_env), C(sglang_flags),
-    C(sources), C(removed), C(profile), C(reasons), C(warnings), C(errors), C(inputs).
+  - Input is C(ansible_facts.gpu_facts); output is a dict with C(nccl_env), C(profile) (which sglang_server's
+    filter sglang_comm_flags reads), C(sources), C(removed), C(reasons), C(warnings), C(errors), C(inputs).
   - See docs/gpu-facts.md for the derivation table.
 positional: overrides, nnodes
 options:
@@ -32,7 +33,7 @@ options:
     type: dict
     required: true
   overrides:
-    description: 'C({"nccl_env": {...}, "sglang_flags": {...}}); a null value removes a derived value.'
+    description: 'C({"nccl_env": {...}}); a null value removes a derived value.'
     type: dict
     default: {}
   nnodes:
@@ -59,7 +60,6 @@ SEED_NO_P2P_ENV = {
     "NCCL_MIN_NCHANNELS": "8",
     "NCCL_ALLOC_P2P_NET_LL_BUFFERS": "1",
 }
-NO_P2P_FLAGS = {"disable-custom-all-reduce": True}
 # Links through which setting NCCL_P2P_LEVEL to the worst link is the right call when P2P is OK.
 P2P_LEVEL_LINKS = ("PIX", "PXB", "PHB", "NODE")
 _LINK_ORDER = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
@@ -98,18 +98,21 @@ def _require_facts(facts):
 def gpu_comm_settings(facts, overrides=None, nnodes=1):
     """Derive the communication settings of one host from its gpu_facts.
 
-    Returns ``{"nccl_env", "sglang_flags", "sources", "removed", "profile", "reasons", "warnings",
+    Returns ``{"nccl_env", "sources", "removed", "profile", "reasons", "warnings",
     "errors", "inputs"}`` (docs/gpu-facts.md).
     """
     _require_facts(facts)
     overrides = {} if overrides is None else overrides
     if not isinstance(overrides, dict):
+        raise GpuFactsFilterError(f"overrides must be a dict with nccl_env, got {type(overrides).__name__}")
+    if "sglang_flags" in overrides:
         raise GpuFactsFilterError(
-            f"overrides must be a dict with nccl_env/sglang_flags, got {type(overrides).__name__}"
+            "SGLang flags are the sglang_server role's (its filter sglang_comm_flags reads this profile): set them in "
+            "sglang_server_comm_flags_overrides, not in gpu_facts' overrides"
         )
-    unknown = set(overrides) - {"nccl_env", "sglang_flags"}
+    unknown = set(overrides) - {"nccl_env"}
     if unknown:
-        raise GpuFactsFilterError(f"unknown override sections {sorted(unknown)}: use nccl_env and sglang_flags")
+        raise GpuFactsFilterError(f"unknown override sections {sorted(unknown)}: use nccl_env")
     try:
         nnodes = int(nnodes)
     except (TypeError, ValueError) as exc:
@@ -121,7 +124,7 @@ def gpu_comm_settings(facts, overrides=None, nnodes=1):
     topo = facts.get("topology") or {}
     p2p = facts.get("p2p") or {}
     virt = facts.get("virtualization") or {}
-    env, flags, reasons, warnings, errors = {}, {}, [], [], []
+    env, reasons, warnings, errors = {}, [], [], []
     where = (
         "a KVM/QEMU guest"
         if virt.get("vm") in ("kvm", "qemu")
@@ -191,11 +194,6 @@ def gpu_comm_settings(facts, overrides=None, nnodes=1):
             "it only affects P2P network connections (multi-node), so on one node it is expected to be a no-op. "
             "Remove it with gpu_facts_nccl_env_overrides: {NCCL_ALLOC_P2P_NET_LL_BUFFERS: null}"
         )
-        flags.update(NO_P2P_FLAGS)
-        reasons.append(
-            "--disable-custom-all-reduce: SGLang's custom all-reduce needs GPU peer access (CUDA IPC); "
-            "without P2P it must not be tried, NCCL does the all-reduce"
-        )
         reasons.append("NCCL_SHM_DISABLE is never set here: SHM is the only intra-node path when P2P is off")
         if p2p.get("any_ok"):
             warnings.append(
@@ -213,24 +211,21 @@ def gpu_comm_settings(facts, overrides=None, nnodes=1):
         warnings.append("NVML and nvidia-smi disagree on P2P: " + "; ".join(p2p.get("nvml_disagreements", [])[:4]))
 
     sources = dict.fromkeys(env, "facts")
-    sources.update(dict.fromkeys(flags, "facts"))
     removed = []
-    for section, target in (("nccl_env", env), ("sglang_flags", flags)):
-        values = overrides.get(section)
-        values = {} if values is None else values
-        if not isinstance(values, dict):
-            raise GpuFactsFilterError(f"overrides.{section} must be a dict, got {type(values).__name__}")
-        for key, value in values.items():
-            key = str(key)
-            sources[key] = "inventory"
-            if value is None:
-                if key in target:
-                    del target[key]
-                removed.append(key)
-                reasons.append(f"{key}: removed by inventory (null)")
-            else:
-                target[key] = _env_value(value) if section == "nccl_env" else value
-                reasons.append(f"{key}={target[key]}: set by inventory")
+    values = overrides.get("nccl_env")
+    values = {} if values is None else values
+    if not isinstance(values, dict):
+        raise GpuFactsFilterError(f"overrides.nccl_env must be a dict, got {type(values).__name__}")
+    for key, value in values.items():
+        key = str(key)
+        sources[key] = "inventory"
+        if value is None:
+            env.pop(key, None)
+            removed.append(key)
+            reasons.append(f"{key}: removed by inventory (null)")
+        else:
+            env[key] = _env_value(value)
+            reasons.append(f"{key}={env[key]}: set by inventory")
 
     var = "gpu_facts_nccl_env_overrides"
     if _truthy_env(env.get("NCCL_SHM_DISABLE")):
@@ -251,15 +246,9 @@ def gpu_comm_settings(facts, overrides=None, nnodes=1):
             f"{var}.NCCL_P2P_DISABLE={env['NCCL_P2P_DISABLE']} on a host where P2P works "
             f"({', '.join(link_types)}): all-reduce measured 10x slower this way on a 2x H200 VM"
         )
-    if profile == "no-p2p" and "disable-custom-all-reduce" in removed:
-        warnings.append(
-            "gpu_facts_sglang_flags_overrides removes disable-custom-all-reduce on a host without P2P: "
-            "SGLang's custom all-reduce needs peer access"
-        )
 
     return {
         "nccl_env": env,
-        "sglang_flags": flags,
         "sources": sources,
         "removed": removed,
         "profile": profile,
@@ -286,23 +275,11 @@ def gpu_comm_settings(facts, overrides=None, nnodes=1):
 # code: roles/cuda_toolkit/vars/driver_floors.yml (cuda_toolkit_driver_floors, shared with the role that
 # installs the toolkit) and this role's defaults (gpu_facts_arch_min_cuda, gpu_facts_arch_max_cuda).
 
-_BACKEND_KEYS = ("nsa-decode-backend", "nsa-prefill-backend", "dsa-decode-backend", "dsa-prefill-backend")
-
 
 def _vt(text):
     return tuple(int(p) for p in re.findall(r"\d+", str(text or "")))
 
 
-def _norm_args(args):
-    out = {}
-    for key, value in (args or {}).items():
-        out[str(key).lstrip("-").replace("_", "-")] = value
-    return out
-
-
-# Said when a holder runs inside a systemd service: it may be that service's own process (stopping the
-# service is then the fix) or a stray child of an unrelated one (an ssh login on a host without logind
-# sessions), so no service is named for stopping.
 RESTARTED_BY_UNIT = (
     "; a holder that comes back after the kill is restarted by its service (unit above): stop that service "
     "if it is the holder's own"
@@ -485,71 +462,6 @@ def _check_arch(c):
             )
 
 
-def _check_parallelism(c):
-    """The parallel layout fits the GPUs of this node.
-
-    The layout is read once, by sglang_server (its fact sglang_server_parallel, filter sglang_parallel), and
-    passed in as gpu_facts_parallel; here it only meets the hardware.
-    """
-    host, s, errors, warnings, summary, gpu_count = (c.host, c.s, c.errors, c.warnings, c.summary, c.gpu_count)
-    par = s.get("parallel") or {}
-    where = "gpu_facts_parallel (sglang_server_parallel, from sglang_server_args_*)"
-    try:
-        nnodes = int(par.get("nnodes", 1))
-        world = int(par.get("world", 1))
-        per_node = int(par.get("per_node", world // max(nnodes, 1)))
-        if nnodes < 1 or world < 1:
-            raise ValueError
-    except (TypeError, ValueError):
-        errors.append(
-            _problem(
-                host,
-                "parallelism",
-                f"the parallel layout is not usable: {par!r}",
-                f"gpu_facts.gpu_count={gpu_count}",
-                where,
-                "pass sglang_server_parallel (the sglang_server role's `flags` entry point) as gpu_facts_parallel",
-            )
-        )
-        return
-    for text in par.get("problems") or []:
-        errors.append(_problem(host, "parallelism", text, f"gpu_facts.gpu_count={gpu_count}", where, text))
-    if par.get("problems"):
-        return
-    opts = par.get("options") or {}
-    tp_key, pp_key, nn_key = opts.get("tp", "tp-size"), opts.get("pp", "pp-size"), opts.get("nnodes", "nnodes")
-    tp, pp, dp = par.get("tp", 1), par.get("pp", 1), par.get("dp", 1)
-    dp_attention = bool(par.get("dp_attention"))
-    needs = f"tp x pp{'' if dp_attention or dp == 1 else ' x dp'} = {world}"
-    variable = f"sglang_server_args_*: {tp_key}={tp}, {pp_key}={pp}, {nn_key}={nnodes}"
-    summary.update({"tp": tp, "pp": pp, "dp": dp, "nnodes": nnodes, "gpus_needed_total": world})
-    summary["gpus_needed_per_node"] = per_node
-    if per_node > gpu_count:
-        errors.append(
-            _problem(
-                host,
-                "parallelism",
-                f"{needs} over {nnodes} node(s) needs {per_node} GPUs per node but {host} has {gpu_count}",
-                f"gpu_facts.gpu_count={gpu_count}",
-                variable,
-                f"lower {tp_key}/{pp_key} to at most {gpu_count * nnodes} GPUs in total, or span more nodes "
-                f"({-(-world // gpu_count) if gpu_count else '?'} hosts: sglang_server_multinode_group, "
-                "docs/multinode.md)",
-            )
-        )
-    elif per_node < gpu_count:
-        warnings.append(
-            _problem(
-                host,
-                "parallelism",
-                f"{needs} uses {per_node} of {gpu_count} GPUs per node: {gpu_count - per_node} would sit idle",
-                f"gpu_facts.gpu_count={gpu_count}",
-                variable,
-                f"set {tp_key} x {pp_key} to {gpu_count * nnodes}, or accept the idle GPUs",
-            )
-        )
-
-
 def _check_gpus_idle(c):
     """The GPUs are idle or held only by our own service units."""
     host, facts, s, errors, warnings, summary = (c.host, c.facts, c.s, c.errors, c.warnings, c.summary)
@@ -649,85 +561,6 @@ def _check_disk(c):
             )
 
 
-def _check_backends(c):
-    """Attention backends, quantization and fusion options suit the architecture."""
-    host, warnings, archs, args = (c.host, c.warnings, c.archs, c.args)
-    arch_set = set(archs)
-    for key in _BACKEND_KEYS:
-        value = str(args.get(key) or "")
-        if not value:
-            continue
-        if value == "trtllm" and "sm_120" in arch_set:
-            warnings.append(
-                _problem(
-                    host,
-                    "backends",
-                    f"--{key}=trtllm on sm_120 needs SGLang/FlashInfer builds with SM120 kernels "
-                    "(sglang-kernel and flashinfer-cubin for 12.0); it was the only coherent NSA backend on "
-                    "the seed machine",
-                    f"gpu_facts.archs={archs}",
-                    f"sglang_server_args_*.{key}",
-                    "keep the pinned SM120-capable versions; check output with a real generation after start",
-                )
-            )
-        elif value == "trtllm" and not arch_set & {"sm_100", "sm_103", "sm_120", "sm_121"}:
-            warnings.append(
-                _problem(
-                    host,
-                    "backends",
-                    f"--{key}=trtllm uses TensorRT-LLM kernels built for Blackwell; {archs} may lack them",
-                    f"gpu_facts.archs={archs}",
-                    f"sglang_server_args_*.{key}",
-                    "use the architecture's default NSA backend (drop the option) unless tested",
-                )
-            )
-        elif value.startswith("flashmla") and "sm_120" in arch_set:
-            warnings.append(
-                _problem(
-                    host,
-                    "backends",
-                    f"--{key}={value} gave NaN output on sm_120 (seed machine); only trtllm was coherent",
-                    f"gpu_facts.archs={archs}",
-                    f"sglang_server_args_*.{key}",
-                    f"set sglang_server_args_*.{key}: trtllm",
-                )
-            )
-    quant = str(args.get("quantization") or "")
-    if "fp4" in quant and not arch_set & {"sm_100", "sm_103", "sm_120", "sm_121"}:
-        warnings.append(
-            _problem(
-                host,
-                "backends",
-                f"--quantization={quant} (NVFP4) needs Blackwell FP4 tensor cores; {archs} has none",
-                f"gpu_facts.archs={archs}",
-                "sglang_server_args_*.quantization",
-                "serve an FP8/BF16 checkpoint on this architecture",
-            )
-        )
-    if args.get("enable-flashinfer-allreduce-fusion") and not arch_set <= {"sm_90", "sm_100", "sm_103"}:
-        warnings.append(
-            _problem(
-                host,
-                "backends",
-                "--enable-flashinfer-allreduce-fusion: its help says it needs SM90 or SM10X",
-                f"gpu_facts.archs={archs}",
-                "sglang_server_args_*.enable-flashinfer-allreduce-fusion",
-                "verify throughput and output with and without it on this architecture",
-            )
-        )
-    if str(args.get("kv-cache-dtype") or "").startswith("fp8") and "sm_120" in arch_set:
-        warnings.append(
-            _problem(
-                host,
-                "backends",
-                f"--kv-cache-dtype={args['kv-cache-dtype']} was reported broken for GLM-5 on sm_120",
-                f"gpu_facts.archs={archs}",
-                "sglang_server_args_*.kv-cache-dtype",
-                "use kv-cache-dtype auto unless tested with a real generation",
-            )
-        )
-
-
 def _check_comm(c):
     """The derived communication settings' errors and warnings, as problems."""
     host, facts, s, errors, warnings = (c.host, c.facts, c.s, c.errors, c.warnings)
@@ -750,22 +583,20 @@ def _check_comm(c):
                 "nccl_env",
                 text,
                 f"gpu_facts_comm.profile={comm.get('profile')}",
-                "gpu_facts_nccl_env_overrides / gpu_facts_sglang_flags_overrides",
+                "gpu_facts_nccl_env_overrides",
                 "review; see docs/gpu-facts.md",
             )
         )
 
 
 # The checks after the driver's, in the order their problems are listed.
-PREFLIGHT_CHECKS = (_check_arch, _check_parallelism, _check_gpus_idle, _check_disk, _check_backends, _check_comm)
+PREFLIGHT_CHECKS = (_check_arch, _check_gpus_idle, _check_disk, _check_comm)
 
 
 def gpu_preflight_problems(facts, settings):
     """Return ``{"errors": [problem], "warnings": [problem], "summary": {...}}`` for one host.
 
     ``settings`` keys: host, cuda_version, cuda_driver_floors, arch_min_cuda, arch_max_cuda,
-    server_args (the inventory's merged SGLang flags, for the backend checks), parallel
-    (sglang_server's parallel layout: tp, pp, dp, nnodes, world, per_node, options, problems),
     own_units, idle_memory_mib,
     disk_requirements ([{path, min_free_gib, purpose}]), comm (gpu_comm_settings output).
     Every problem names the host, the fact, the variable and the fix (``text`` joins them).
@@ -788,7 +619,6 @@ def gpu_preflight_problems(facts, settings):
     c = SimpleNamespace(
         host=host, facts=facts, s=s, errors=errors, warnings=warnings, summary=summary, gpu_count=gpu_count,
         archs=archs, cuda=cuda, floors=floors, arch_min=arch_min, arch_max=arch_max, driver=driver,
-        args=_norm_args(s.get("server_args")),
     )  # fmt: skip
     if _check_driver(c):
         for check in PREFLIGHT_CHECKS:

@@ -85,9 +85,9 @@ options:
     description:
       - With present, each worker must answer C(GET <url>/health) with 200 (this many seconds per request) before
         it is added; one that does not is not added and the module fails (a failed host never gets traffic).
-        A worker the router already lists healthy (its own C(/health) check passed) is not asked again. A C(POST)
-        answered 409 (smg knows the URL, as when its launcher re-adds the gateway's record at a start) is waited for like
-        one posted here.
+        A worker the router already lists healthy (its own C(/health) check passed) is not asked again. A
+        C(POST) answered 409 (smg knows the URL, as when its launcher re-adds the gateway's record at a start) is
+        waited for like one posted here.
         0 checks nothing before the C(POST).
   workers_file:
     type: path

@@ -2,8 +2,9 @@
 
 The server flags have one owner (roles/sglang_server/tasks/flags.yml, wired by playbooks/vars/fleet.yml);
 tests that need the merged flags of an inventory run that entry point instead of copying the merge.
-``sglang_server_flags`` (inventory flags + gpu_facts_comm.sglang_flags, as validate.yml adds them) is
-defined for the expression when ``gpu_facts_comm`` is among the extra vars.
+``sglang_server_flags`` (inventory flags + the communication flags the role's filter sglang_comm_flags derives from
+gpu_facts_comm, as tasks/launch_spec.yml puts them on top) is defined for the expression when ``gpu_facts_comm`` is
+among the extra vars.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ PLAY = """
     - ansible.builtin.set_fact:
         sglang_server_flags: >-
           {{{{ {{'sglang_server_inventory_flags': sglang_server_inventory_flags,
-                'gpu_facts_comm.sglang_flags': (gpu_facts_comm | default({{}})).sglang_flags | default({{}})}}
+                'sglang_server_comm.flags': (gpu_facts_comm | gpufleet.fleet.sglang_comm_flags(
+                    sglang_server_comm_flags_overrides)).flags if gpu_facts_comm is defined else {{}}}}
                | gpufleet.fleet.sglang_merge_flags }}}}
     - ansible.builtin.debug:
         msg: {expr}

@@ -85,7 +85,7 @@ def test_multinode_flags_from_inventory_order_and_single_node_untouched(tmp_path
         assert flag(r["argv"], "--node-rank") == str(rank)
         assert flag(r["argv"], "--dist-init-addr") == "198.51.100.23:20000"
         assert flag(r["argv"], "--tp-size") == "16"
-        # the one parallel layout every reader gets (gpu_facts through gpu_facts_parallel)
+        # the one parallel layout every reader gets (the launch spec check, the unit)
         assert (r["parallel"]["nnodes"], r["parallel"]["world"], r["parallel"]["per_node"]) == (2, 16, 8)
     assert (single["parallel"]["nnodes"], single["parallel"]["per_node"]) == (1, 8)
     assert "--nnodes" not in single["argv"] and flag(single["argv"], "--tp-size") == "8"

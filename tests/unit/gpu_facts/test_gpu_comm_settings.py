@@ -1,4 +1,5 @@
-"""gpu_comm_settings: the one derivation of NCCL environment and SGLang communication flags."""
+"""gpu_comm_settings: the one derivation of the NCCL environment and the communication profile (the SGLang flags of
+that profile are sglang_server's: tests/unit/sglang_server/test_launch_spec.py)."""
 
 from __future__ import annotations
 
@@ -38,10 +39,10 @@ def _pcie(facts_in, link, status="OK"):
 def test_seed_machine_gets_exactly_the_seed_set(rtx):
     result = gff.gpu_comm_settings(rtx, {}, 1)
     assert result["nccl_env"] == SEED_ENV
-    assert result["sglang_flags"] == {"disable-custom-all-reduce": True}
+    assert "sglang_flags" not in result
     assert result["profile"] == "no-p2p"
     assert set(result["sources"].values()) == {"facts"}
-    assert set(result["sources"]) == set(SEED_ENV) | {"disable-custom-all-reduce"}
+    assert set(result["sources"]) == set(SEED_ENV)
     assert "NCCL_SHM_DISABLE" not in result["nccl_env"]
     assert result["errors"] == [] and result["warnings"] == []
     assert any("NCCL_SHM_DISABLE is never set" in r for r in result["reasons"])
@@ -50,7 +51,7 @@ def test_seed_machine_gets_exactly_the_seed_set(rtx):
 
 def test_h200_nvlink_leaves_nccl_alone(h200):
     result = gff.gpu_comm_settings(h200, {}, 1)
-    assert result["nccl_env"] == {} and result["sglang_flags"] == {}
+    assert result["nccl_env"] == {} and "sglang_flags" not in result
     assert result["profile"] == "nvlink-p2p" and result["sources"] == {}
     assert result["inputs"]["link_types"] == ["NV18"]
 
@@ -58,15 +59,16 @@ def test_h200_nvlink_leaves_nccl_alone(h200):
 def test_h200_derivation_matches_what_ran_on_the_device(h200):
     recorded = json.loads((DEVICE / "derived-settings.json").read_text())["gpu_facts_comm"]
     result = gff.gpu_comm_settings(h200, {}, 1)
-    for key in ("nccl_env", "sglang_flags", "sources", "profile", "errors"):
+    for key in ("nccl_env", "sources", "profile", "errors"):
         assert result[key] == recorded[key]
+    # the device run recorded the SGLang flags of that profile too (none with NVLink); sglang_server derives them now
+    assert recorded["sglang_flags"] == {}
 
 
 @pytest.mark.parametrize("link", ["PIX", "PXB", "PHB", "NODE"])
 def test_pcie_with_p2p_sets_the_level_of_the_farthest_pair(rtx, link):
     result = gff.gpu_comm_settings(_pcie(rtx, link), {}, 1)
     assert result["nccl_env"] == {"NCCL_P2P_LEVEL": link}
-    assert result["sglang_flags"] == {}
     assert result["profile"] == "pcie-p2p"
 
 
@@ -92,7 +94,6 @@ def test_multi_node_keeps_infiniband(rtx):
 def test_inventory_overrides_set_change_and_remove_with_provenance(rtx):
     overrides = {
         "nccl_env": {"NCCL_MIN_NCHANNELS": 16, "NCCL_ALLOC_P2P_NET_LL_BUFFERS": None, "NCCL_DEBUG": "WARN"},
-        "sglang_flags": {"enable-flashinfer-allreduce-fusion": True},
     }
     result = gff.gpu_comm_settings(rtx, overrides, 1)
     assert result["nccl_env"] == {
@@ -101,15 +102,12 @@ def test_inventory_overrides_set_change_and_remove_with_provenance(rtx):
         "NCCL_MIN_NCHANNELS": "16",
         "NCCL_DEBUG": "WARN",
     }
-    assert result["sglang_flags"] == {"disable-custom-all-reduce": True, "enable-flashinfer-allreduce-fusion": True}
     assert result["sources"] == {
         "NCCL_P2P_LEVEL": "facts",
         "NCCL_IB_DISABLE": "facts",
         "NCCL_MIN_NCHANNELS": "inventory",
         "NCCL_ALLOC_P2P_NET_LL_BUFFERS": "inventory",
         "NCCL_DEBUG": "inventory",
-        "disable-custom-all-reduce": "facts",
-        "enable-flashinfer-allreduce-fusion": "inventory",
     }
     assert result["removed"] == ["NCCL_ALLOC_P2P_NET_LL_BUFFERS"]
 
@@ -138,10 +136,9 @@ def test_p2p_disable_where_p2p_works_warns(h200):
     assert "10x slower" in result["warnings"][0]
 
 
-def test_removing_disable_custom_all_reduce_without_p2p_warns(rtx):
-    result = gff.gpu_comm_settings(rtx, {"sglang_flags": {"disable-custom-all-reduce": None}}, 1)
-    assert result["sglang_flags"] == {}
-    assert any("custom all-reduce needs peer access" in w for w in result["warnings"])
+def test_sglang_flag_overrides_are_refused_here_naming_their_new_place(rtx):
+    with pytest.raises(gff.GpuFactsFilterError, match="sglang_server_comm_flags_overrides"):
+        gff.gpu_comm_settings(rtx, {"sglang_flags": {"disable-custom-all-reduce": None}}, 1)
 
 
 def test_partial_p2p_and_missing_rows_warn(rtx):

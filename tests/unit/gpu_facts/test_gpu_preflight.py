@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gpu_facts_helpers import device_facts, facts_for, gff, sgf
+from gpu_facts_helpers import device_facts, facts_for, gff
 
 HOST = "gpu-07"
 
@@ -46,7 +46,6 @@ def settings(**kw):
         **ROLE_DATA,
         "host": HOST,
         "cuda_version": "12.8",
-        "server_args": {"tp-size": 8},
         "own_units": ["sglang-server.service"],
         "idle_memory_mib": 512,
         "disk_requirements": [],
@@ -57,10 +56,9 @@ def settings(**kw):
 
 
 def check(facts, **kw):
-    """The preflight as the playbooks wire it: the layout read by sglang_server from the same flags."""
-    s = settings(**kw)
-    s.setdefault("parallel", sgf.sglang_parallel(s["server_args"]))
-    return gff.gpu_preflight_problems(facts, s)
+    """The preflight as playbooks/preflight.yml wires it (the launch spec's checks are sglang_server's:
+    tests/unit/sglang_server/test_launch_spec.py)."""
+    return gff.gpu_preflight_problems(facts, settings(**kw))
 
 
 def only(problems, kind="errors"):
@@ -70,74 +68,6 @@ def only(problems, kind="errors"):
         assert problem[key], key
     assert problem["host"] == HOST and problem["text"].startswith(f"{HOST}: ")
     return problem
-
-
-def test_seed_machine_with_the_seed_launch_passes_with_backend_warnings(rtx):
-    args = {
-        "tp-size": 8,
-        "mem-fraction-static": 0.92,
-        "quantization": "modelopt_fp4",
-        "nsa-decode-backend": "trtllm",
-        "nsa-prefill-backend": "trtllm",
-        "enable-flashinfer-allreduce-fusion": True,
-        "kv-cache-dtype": "auto",
-    }
-    result = check(rtx, server_args=args)
-    assert result["errors"] == []
-    texts = [w["text"] for w in result["warnings"]]
-    assert sum("trtllm on sm_120 needs SGLang/FlashInfer builds with SM120 kernels" in t for t in texts) == 2
-    assert any("SM90 or SM10X" in t for t in texts)
-    assert result["summary"]["gpus_needed_per_node"] == 8
-
-
-def test_tp16_on_one_8_gpu_host_is_refused(rtx):
-    problem = only(check(rtx, server_args={"tp-size": 16}))
-    assert problem["check"] == "parallelism"
-    assert "needs 16 GPUs per node but gpu-07 has 8" in problem["message"]
-    assert problem["fact"] == "gpu_facts.gpu_count=8"
-    assert "tp-size=16" in problem["variable"] and "nnodes=1" in problem["variable"]
-    assert "span more nodes (2 hosts: sglang_server_multinode_group" in problem["fix"]
-
-
-def test_tp16_over_two_nodes_fits_with_nnodes_only_in_the_flags(rtx):
-    result = check(rtx, server_args={"tp-size": 16, "nnodes": 2})
-    assert result["errors"] == []
-    assert result["summary"]["nnodes"] == 2 and result["summary"]["gpus_needed_per_node"] == 8
-
-
-def test_tp_not_divisible_by_nnodes_is_refused(rtx):
-    problem = only(check(rtx, server_args={"tensor-parallel-size": 12, "nnodes": 8}))
-    assert "tensor-parallel-size x pp-size = 12 GPUs is not divisible by nnodes=8" in problem["message"]
-
-
-def test_pp_counts_and_idle_gpus_warn(rtx):
-    result = check(rtx, server_args={"tp-size": 2, "pp-size": 2})
-    assert result["errors"] == []
-    problem = only(result, "warnings")
-    assert "4 of 8 GPUs per node: 4 would sit idle" in problem["message"]
-
-
-def test_dp_without_dp_attention_multiplies(rtx):
-    assert check(rtx, server_args={"tp-size": 4, "dp-size": 2})["warnings"] == []
-    assert "needs 16 GPUs" in only(check(rtx, server_args={"tp-size": 8, "dp-size": 2}))["message"]
-    assert check(rtx, server_args={"tp-size": 8, "dp-size": 8, "enable-dp-attention": True})["errors"] == []
-
-
-@pytest.mark.parametrize("value", ["eight", 0, -2])
-def test_bad_tp_is_refused(rtx, value):
-    problem = only(check(rtx, server_args={"--tp-size": value}))
-    assert f"tp-size={value!r} must be a positive integer" in problem["message"]
-
-
-def test_string_values_are_read(rtx):
-    assert check(rtx, server_args={"tp-size": "8"})["errors"] == []
-
-
-def test_bad_nnodes_is_refused(rtx):
-    assert (
-        "nnodes='x' must be a positive integer"
-        in only(check(rtx, server_args={"tp-size": 8, "nnodes": "x"}))["message"]
-    )
 
 
 def test_old_driver_is_refused_for_cuda_12_8(old):
@@ -151,11 +81,11 @@ def test_old_driver_is_refused_for_cuda_12_8(old):
 def test_driver_570_is_too_old_for_cuda_13(rtx, h200):
     problem = only(check(rtx, cuda_version="13.0"))
     assert "needs >= 580.65.06" in problem["message"]
-    assert check(h200, cuda_version="13.0", server_args={"tp-size": 2})["errors"] == []
+    assert check(h200, cuda_version="13.0")["errors"] == []
 
 
 def test_unknown_cuda_version_is_refused(h200):
-    problem = only(check(h200, cuda_version="12.7", server_args={"tp-size": 2}))
+    problem = only(check(h200, cuda_version="12.7"))
     assert "no known driver floor for CUDA 12.7" in problem["message"]
     assert "roles/cuda_toolkit/vars/driver_floors.yml" in problem["fix"]
 
@@ -168,7 +98,7 @@ def test_sm120_needs_cuda_12_8(rtx):
 def test_volta_dropped_by_cuda_13(h200):
     facts = copy.deepcopy(h200)
     facts["archs"] = ["sm_70"]
-    problem = only(check(facts, cuda_version="13.0", server_args={"tp-size": 2}))
+    problem = only(check(facts, cuda_version="13.0"))
     assert "no longer supports sm_70" in problem["message"]
 
 
@@ -185,7 +115,7 @@ def leaked(h200):
 
 
 def test_leaked_memory_is_refused_without_a_remedy(h200):
-    result = check(leaked(h200), server_args={"tp-size": 2})
+    result = check(leaked(h200))
     assert [p["check"] for p in result["errors"]] == ["gpus_busy", "gpus_busy"]
     gone, no_process = result["errors"]
     assert "pid 3101 sglang::scheduler_TP0 on GPU0 using 88000 MiB (process gone" in gone["message"]
@@ -197,7 +127,7 @@ def test_leaked_memory_is_left_to_an_enabled_remedy_but_a_live_holder_is_not(h20
     """The documented way out of held memory (enable the remedy, deploy again) must not be refused in preflight:
     the server stage frees it after its stop. A live foreign process is still refused."""
     remedy = "sglang_server_held_memory_gpu_reset=true"
-    result = check(leaked(h200), server_args={"tp-size": 2}, leaked_memory_remedy=remedy)
+    result = check(leaked(h200), leaked_memory_remedy=remedy)
     assert result["errors"] == []
     assert [p["check"] for p in result["warnings"]] == ["gpus_leaked", "gpus_busy"]
     assert all(f"Left to the server stage's remedy ({remedy})" in p["message"] for p in result["warnings"])
@@ -206,14 +136,14 @@ def test_leaked_memory_is_left_to_an_enabled_remedy_but_a_live_holder_is_not(h20
         {"pid": 1939, "name": "python3", "used_memory_mib": 1000, "gpu_index": 1, "unit": "session-3.scope",
          "alive": True, "uid": 1001, "user": "intruder", "cmdline": "python3 train.py"}
     )  # fmt: skip
-    problem = only(check(facts, server_args={"tp-size": 2}, leaked_memory_remedy=remedy))
+    problem = only(check(facts, leaked_memory_remedy=remedy))
     assert problem["check"] == "gpus_busy" and "pid 1939 python3, user intruder" in problem["message"]
 
 
 def test_unknown_arch_warns(h200):
     facts = copy.deepcopy(h200)
     facts["archs"] = ["sm_999"]
-    assert "not in the support table" in only(check(facts, server_args={"tp-size": 2}), "warnings")["message"]
+    assert "not in the support table" in only(check(facts), "warnings")["message"]
 
 
 def test_foreign_gpu_process_is_refused_and_ours_is_fine(h200):
@@ -240,7 +170,7 @@ def test_foreign_gpu_process_is_refused_and_ours_is_fine(h200):
     ]
     facts["gpus"][0]["memory_used_mib"] = 41478
     facts["gpus"][1]["memory_used_mib"] = 88000
-    result = check(facts, server_args={"tp-size": 2})
+    result = check(facts)
     problem = only(result)
     assert problem["check"] == "gpus_busy"
     assert (
@@ -255,38 +185,22 @@ def test_foreign_gpu_process_is_refused_and_ours_is_fine(h200):
 def test_memory_in_use_without_a_process_is_refused(h200):
     facts = copy.deepcopy(h200)
     facts["gpus"][1]["memory_used_mib"] = 40000
-    problem = only(check(facts, server_args={"tp-size": 2}))
+    problem = only(check(facts))
     assert "GPU1 has 40000 MiB in use but no compute process is listed" in problem["message"]
     facts["gpus"][1]["memory_used_mib"] = 100
-    assert check(facts, server_args={"tp-size": 2})["errors"] == []
+    assert check(facts)["errors"] == []
 
 
 def test_disk_space(h200):
     facts = copy.deepcopy(h200)
     facts["disk"] = [{"path": "/srv/models", "checked_path": "/srv", "free_mib": 100 * 1024, "total_mib": 1}]
     req = [{"path": "/srv/models", "min_free_gib": 450, "purpose": "model weights"}]
-    problem = only(check(facts, server_args={"tp-size": 2}, disk_requirements=req))
+    problem = only(check(facts, disk_requirements=req))
     assert "/srv/models (model weights) needs 450 GiB free, /srv has 100.0 GiB" in problem["message"]
     req[0]["min_free_gib"] = 50
-    assert check(facts, server_args={"tp-size": 2}, disk_requirements=req)["errors"] == []
+    assert check(facts, disk_requirements=req)["errors"] == []
     missing = [{"path": "/opt/ml-env", "min_free_gib": 1}]
-    assert (
-        "was not measured"
-        in only(check(facts, server_args={"tp-size": 2}, disk_requirements=missing), "warnings")["message"]
-    )
-
-
-def test_backend_plausibility(rtx, h200):
-    warn = check(rtx, server_args={"tp-size": 8, "nsa-decode-backend": "flashmla_kv", "kv-cache-dtype": "fp8_e4m3"})[
-        "warnings"
-    ]
-    assert any("gave NaN output on sm_120" in w["message"] for w in warn)
-    assert any("reported broken for GLM-5" in w["message"] for w in warn)
-    warn = check(h200, server_args={"tp-size": 2, "quantization": "modelopt_fp4", "dsa-prefill-backend": "trtllm"})[
-        "warnings"
-    ]
-    assert any("NVFP4" in w["message"] for w in warn)
-    assert any("built for Blackwell" in w["message"] for w in warn)
+    assert "was not measured" in only(check(facts, disk_requirements=missing), "warnings")["message"]
 
 
 def test_comm_errors_and_warnings_are_carried(rtx):

@@ -38,6 +38,8 @@ def test_server_environment_route_is_refused_naming_the_variable_and_the_one_pat
     (msg,) = [m for m in failures(doc) if "NCCL_SHM_DISABLE" in m]
     assert "sglang_server_environment sets NCCL_SHM_DISABLE" in msg
     assert "move NCCL_SHM_DISABLE from sglang_server_environment to gpu_facts_nccl_env_overrides" in msg
-    # refused by the first task that reads it: no GPU fact was even gathered
+    # refused in the preflight play (reads only: the GPU facts come first, gpu_facts needs no flag), by the first task
+    # of the flags entry point: the layers are never merged, no later play runs
     names = [t["task"]["name"].split(" : ")[-1] for t in doc["plays"][0]["tasks"]]
-    assert "Merge the flag layers" not in names and not any(n.startswith("Read GPUs") for n in names)
+    assert "Refuse NCCL variables outside the one NCCL path (gpu_facts_nccl_env_overrides)" in names
+    assert "Merge the flag layers" not in names and len(doc["plays"]) == 1

@@ -1,14 +1,16 @@
-"""nnodes (and tp/pp) have one source: the server flags, read once by sglang_server (issue 11, issue 12 row 6).
+"""nnodes has one source, the inventory's multi-node group: sglang_server's flags get it (the multi-node layer,
+read once into sglang_server_parallel) and gpu_facts gets it (gpu_facts_nnodes), both from playbooks/vars/fleet.yml.
 
 A two-node server is two inventory hosts in a group named by sglang_server_multinode_group (docs/multinode.md);
 playbooks/vars/fleet.yml derives the layer sglang_server_args_multinode (nnodes 2, node-rank, dist-init-addr)
 and the sglang_server role's `flags` entry point merges it with tp-size 16 of the GPU-class layer.
 playbooks/preflight.yml runs for real (connection local, the lab's simulated nvidia-smi with the 8-GPU RTX PRO
-6000 profile), then every reader is asked what it saw: the layout (sglang_server_parallel), the derivation
-(gpu_comm_settings' inputs and its NCCL environment: multi-node keeps InfiniBand on), the preflight's
-parallelism check (tp 16 over 2 nodes fits 8 GPUs per node), and what the unit gets (the rendered argv and
-the server's GPUs). Before the fix gpu_facts read nnodes from `sglang_server_nnodes`, defined nowhere: the
-derivation got NCCL_IB_DISABLE=1 and the preflight refused "over 1 node(s)".
+6000 profile), then sglang_server's launch spec check (tasks/launch_spec.yml), then every reader is asked what it
+saw: the layout (sglang_server_parallel), the derivation (gpu_comm_settings' inputs and its NCCL environment:
+multi-node keeps InfiniBand on, gpu_facts_nnodes from the multi-node group), the launch spec's parallelism check
+(tp 16 over 2 nodes fits 8 GPUs per node), and what the unit gets (the rendered argv and the server's GPUs). Once
+gpu_facts read nnodes from `sglang_server_nnodes`, defined nowhere: the derivation got NCCL_IB_DISABLE=1 and the
+preflight refused "over 1 node(s)".
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ from gpu_facts_helpers import PROFILES, REPO, SIM
 READERS = """
 - ansible.builtin.import_playbook: {repo}/playbooks/preflight.yml
 
+- name: The launch spec against the facts (what sglang_server's validation runs, playbooks/validate.yml)
+  hosts: sglang_servers
+  gather_facts: false
+  vars_files: ["{repo}/playbooks/vars/fleet.yml"]
+  tasks:
+    - ansible.builtin.import_role: {{name: sglang_server, tasks_from: launch_spec.yml}}
+
 - name: Ask every reader
   hosts: sglang_servers
   gather_facts: false
@@ -34,10 +43,8 @@ READERS = """
           parallel: "{{{{ sglang_server_parallel }}}}"
           derivation_nnodes: "{{{{ gpu_facts_comm.inputs.nnodes }}}}"
           nccl_env: "{{{{ gpu_facts_comm.nccl_env }}}}"
-          preflight: "{{{{ gpu_facts_preflight.summary }}}}"
-          argv: >-
-            {{{{ {{'inventory': sglang_server_inventory_flags, 'comm': gpu_facts_comm.sglang_flags}}
-                | gpufleet.fleet.sglang_merge_flags | gpufleet.fleet.sglang_argv }}}}
+          launch: "{{{{ sglang_server_launch_problems.summary }}}}"
+          argv: "{{{{ sglang_server_flags | gpufleet.fleet.sglang_argv }}}}"
           gpus: >-
             {{{{ sglang_server_inventory_flags
                 | gpufleet.fleet.sglang_gpu_indices(ansible_facts.gpu_facts.gpu_count) }}}}
@@ -115,20 +122,21 @@ def test_nnodes_of_the_multinode_layer_reaches_every_reader(tmp_path):
         assert seen["parallel"]["nnodes"] == 2 and seen["parallel"]["tp"] == 16 and seen["parallel"]["per_node"] == 8
         assert seen["derivation_nnodes"] == 2
         assert "NCCL_IB_DISABLE" not in seen["nccl_env"]  # the one-node branch would set it to "1"
-        assert seen["preflight"]["nnodes"] == 2 and seen["preflight"]["gpus_needed_per_node"] == 8
+        assert seen["launch"]["nnodes"] == 2 and seen["launch"]["gpus_needed_per_node"] == 8
         argv = seen["argv"]
         assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--tp-size") + 1] == "16"
         assert argv[argv.index("--node-rank") + 1] == str(rank)
         assert seen["gpus"] == list(range(8))
 
 
-def test_nnodes_written_by_hand_is_read_from_the_flags_then_refused_by_the_multinode_rule(tmp_path):
+def test_nnodes_written_by_hand_is_refused_by_the_multinode_rule(tmp_path):
     # issue 12 row 6: `-e '{"sglang_server_args_host":{"tp-size":16,"nnodes":2}}'` was refused "over 1 node(s)"
-    # by gpu_facts (nnodes read from elsewhere). gpu_facts now sees nnodes 2 (derivation and preflight pass);
-    # the only refusal left is the multi-node rule: nnodes comes from sglang_server_multinode_group.
+    # by gpu_facts (nnodes read from elsewhere). The node count has one source, the inventory's multi-node group:
+    # gpu_facts derives for the one node the inventory has (gpu_facts_nnodes, playbooks/vars/fleet.yml), its
+    # preflight passes, and the refusal is the multi-node rule's, naming the variable to set instead.
     rc, doc = run_readers(tmp_path, {"sglang_server_args_host": {"tp-size": 16, "nnodes": 2}})
     assert rc != 0
-    assert "NCCL_IB_DISABLE" not in task_msg(doc, "Show the derived communication settings")["nccl_env"]
+    assert task_msg(doc, "Show the derived communication settings")["nccl_env"]["NCCL_IB_DISABLE"] == "1"
     assert "preflight OK on node-a" in task_msg(doc, "Refuse the host when a preflight check fails")
     (msg,) = failures(doc)
     assert "over 1 node(s)" not in msg
@@ -138,7 +146,7 @@ def test_nnodes_written_by_hand_is_read_from_the_flags_then_refused_by_the_multi
 def test_the_same_layout_on_one_node_is_refused_naming_the_flags(tmp_path):
     rc, doc = run_readers(tmp_path)
     assert rc != 0
-    (msg,) = [m for m in failures(doc) if "PREFLIGHT FAILED" in m]
+    (msg,) = [m for m in failures(doc) if "LAUNCH SPEC REFUSED on node-a" in m]
     assert "tp x pp = 16 over 1 node(s) needs 16 GPUs per node but node-a has 8" in msg
     assert "variable: sglang_server_args_*: tp-size=16, pp-size=1, nnodes=1" in msg
 

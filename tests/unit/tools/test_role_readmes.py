@@ -30,7 +30,6 @@ NOT_IN_MAIN = {
                 "gpu_facts_cuda_version",
                 "gpu_facts_arch_min_cuda",
                 "gpu_facts_arch_max_cuda",
-                "gpu_facts_server_flags",
                 "gpu_facts_driver_floors",
                 "gpu_facts_own_service_units",
                 "gpu_facts_idle_memory_mib",
