@@ -19,40 +19,6 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
-DOCUMENTATION = r"""
-name: gpu_comm_settings
-short_description: Derive the NCCL environment and communication profile from gpu_facts
-description:
-  - Input is C(ansible_facts.gpu_facts); output is a dict with C(nccl_env), C(profile) (which sglang_server's
-    filter sglang_comm_flags reads), C(sources), C(removed), C(reasons), C(warnings), C(errors), C(inputs).
-  - See docs/gpu-facts.md for the derivation table.
-positional: overrides, nnodes
-options:
-  _input:
-    description: The host's gpu_facts.
-    type: dict
-    required: true
-  overrides:
-    description: 'C({"nccl_env": {...}}); a null value removes a derived value.'
-    type: dict
-    default: {}
-  nnodes:
-    description: Number of nodes the server spans.
-    type: int
-    default: 1
-"""
-
-EXAMPLES = r"""
-gpu_facts_comm: "{{ ansible_facts.gpu_facts | gpu_comm_settings({'nccl_env': {'NCCL_MIN_NCHANNELS': 16}}, 1) }}"
-problems: "{{ ansible_facts.gpu_facts | gpu_preflight_problems(preflight_settings) }}"
-"""
-
-RETURN = r"""
-_value:
-  description: For gpu_comm_settings the derived settings; for gpu_preflight_problems C({errors, warnings, summary}).
-  type: dict
-"""
-
 # The seed machine's proven NCCL set (8x RTX PRO 6000 in a KVM guest, P2P "NS"): see docs/gpu-facts.md.
 SEED_NO_P2P_ENV = {
     "NCCL_P2P_LEVEL": "PHB",

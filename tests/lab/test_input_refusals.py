@@ -160,3 +160,20 @@ def test_a_served_model_name_that_clients_cannot_send_as_is_is_refused(ctx):
         'served-model-name "glm 5" must be 1-256 letters, digits and . _ - /',
         "rename it in sglang_server_args_host",
     )
+
+
+def test_gpu_facts_then_sglang_server_work_as_a_plain_play(ctx):
+    """`roles: [gpu_facts, sglang_server]` without the project's wiring (playbooks/vars/fleet.yml) or its staged
+    playbooks: gpu_facts needs no server flag, sglang_server merges its flags and derives its multi-node and
+    communication settings itself. Run again on the server it deployed, nothing changes and the server is proven in
+    place; the same play refuses a launch spec the host cannot run, naming it, with the server untouched."""
+    rc, out = playbook(ctx, "tests/lab/playbooks/plain_roles.yml", GOOD)  # restores the key an earlier case removed
+    assert rc == 0, out[-3000:]
+    pid = main_pid(ctx)
+    rc, out = playbook(ctx, "tests/lab/playbooks/plain_roles.yml", GOOD)
+    assert rc == 0, out[-3000:]
+    assert "changed=0" in out and "failed=0" in out, out[-3000:]
+    assert main_pid(ctx) == pid and health(ctx["host"]["address"]) == 200
+    rc, out = playbook(ctx, "tests/lab/playbooks/plain_roles.yml", {**GOOD, "sglang_server_args_host": {"tp-size": 16}})
+    assert rc != 0 and "LAUNCH SPEC REFUSED on" in out and "needs 16 GPUs per node" in out, out[-3000:]
+    assert main_pid(ctx) == pid and health(ctx["host"]["address"]) == 200

@@ -1,4 +1,5 @@
-"""playbooks/preflight.yml on lab hosts: refusals name host, fact, variable and fix; nothing changes first."""
+"""playbooks/preflight.yml on lab hosts (gpu_facts' host checks, then sglang_server's launch spec against the facts):
+refusals name host, fact, variable and fix; nothing changes first."""
 
 from __future__ import annotations
 
@@ -43,7 +44,10 @@ def test_seed_machine_passes_and_gets_the_seed_set(inventory, tmp_path):
     )
     assert rc == 0, out
     assert "NCCL_P2P_LEVEL: PHB" in out and "NCCL_MIN_NCHANNELS: '8'" in out
-    assert "disable-custom-all-reduce: true" in out
+    # the communication flag of the no-P2P profile, derived by sglang_server from gpu_facts_comm.profile
+    assert (
+        "disable-custom-all-reduce: true" in out and "disable-custom-all-reduce: gpu_facts_comm.profile=no-p2p" in out
+    )
     assert "NCCL measurement skipped on pf-rtx: /opt/ml-env/current/bin/python is missing" in out
     assert "changed=0" in out
 
@@ -51,7 +55,7 @@ def test_seed_machine_passes_and_gets_the_seed_set(inventory, tmp_path):
 def test_tp16_on_one_8_gpu_host_is_refused(inventory, tmp_path):
     rc, out = playbook(inventory, "pf-rtx", {"sglang_server_args_host": {"tp-size": 16}}, tmp_path=tmp_path)
     assert rc != 0
-    assert "PREFLIGHT FAILED on pf-rtx" in out
+    assert "LAUNCH SPEC REFUSED on pf-rtx" in out
     assert "tp x pp = 16 over 1 node(s) needs 16 GPUs per node but pf-rtx has 8" in out
     assert (
         "fact: gpu_facts.gpu_count=8" in out
@@ -67,17 +71,18 @@ def test_multi_node_tp_not_divisible_by_nnodes_is_refused(inventory, tmp_path):
     assert "tp-size x pp-size = 16 GPUs is not divisible by nnodes=3" in out
 
 
-def test_two_node_layout_written_in_the_flags_reaches_gpu_facts(inventory, tmp_path):
+def test_two_node_layout_written_in_the_flags_is_refused_by_the_multinode_rule(inventory, tmp_path):
     # issue 12 row 6: `-e '{"sglang_server_args_host":{"tp-size":16,"nnodes":2}}'` was refused "over 1 node(s)"
-    # by gpu_facts. It now reads nnodes 2 from the flags (preflight OK, InfiniBand kept); what refuses it is the
+    # by gpu_facts. The node count has one source, the inventory's multi-node group: gpu_facts derives for the one
+    # node the inventory has, the launch spec (tp 16 over the flags' 2 nodes) passes, and what refuses it is the
     # multi-node rule: nnodes comes from sglang_server_multinode_group, never written by hand.
     extra = {"sglang_server_args_host": {"tp-size": 16, "nnodes": 2}}
     rc, out = playbook(inventory, "pf-rtx", extra, tmp_path=tmp_path)
     assert rc != 0
     # the preflight checks ran and passed (an ok assert prints no message; PREFLIGHT FAILED would name a refusal)
     assert "TASK [gpu_facts : Refuse the host when a preflight check fails]" in out
-    assert "over 1 node(s)" not in out and "PREFLIGHT FAILED" not in out
-    assert "NCCL_P2P_LEVEL: PHB" in out and "NCCL_IB_DISABLE" not in out  # derived for 2 nodes: IB stays on
+    assert "over 1 node(s)" not in out and "PREFLIGHT FAILED" not in out and "LAUNCH SPEC REFUSED" not in out
+    assert "NCCL_P2P_LEVEL: PHB" in out and "NCCL_IB_DISABLE: '1'" in out  # one node in the inventory
     assert "nnodes=2 in the flags but the server has 1 node(s)" in out
 
 
@@ -104,4 +109,4 @@ def test_required_measurement_without_torch_is_refused(inventory, tmp_path):
 
 def test_deploy_starts_with_the_preflight(inventory, tmp_path):
     rc, out = playbook(inventory, "pf-rtx", {"sglang_server_args_host": {"tp-size": 16}}, "deploy.yml", tmp_path)
-    assert rc != 0 and "PREFLIGHT FAILED on pf-rtx" in out
+    assert rc != 0 and "LAUNCH SPEC REFUSED on pf-rtx" in out

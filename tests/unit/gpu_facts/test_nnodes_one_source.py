@@ -27,7 +27,7 @@ from gpu_facts_helpers import PROFILES, REPO, SIM
 READERS = """
 - ansible.builtin.import_playbook: {repo}/playbooks/preflight.yml
 
-- name: The launch spec against the facts (what sglang_server's validation runs, playbooks/validate.yml)
+- name: The launch spec again, as sglang_server's validation runs it later in deploy.yml (playbooks/validate.yml)
   hosts: sglang_servers
   gather_facts: false
   vars_files: ["{repo}/playbooks/vars/fleet.yml"]
@@ -157,3 +157,17 @@ def test_the_driver_floors_are_passed_in_not_read_from_the_cuda_toolkit_role(tmp
     assert rc != 0
     (msg,) = failures(doc)
     assert "gpu_facts_driver_floors is empty" in msg and "roles/cuda_toolkit/vars/driver_floors.yml" in msg
+
+
+MERGE = "Merge the flag layers and read the parallel layout (tp, pp, dp, nnodes)"
+
+
+def test_the_flags_are_merged_once_per_host_per_run(tmp_path):
+    """The preflight merges the flag layers; the validation's launch spec check later in the same run keeps them
+    (the same layers): the merge task runs once per host, the second call is skipped."""
+    rc, doc = run_readers(tmp_path, host_flags={"tp-size": 8})
+    assert rc == 0, failures(doc)
+    calls = [t["hosts"]["node-a"] for p in doc["plays"] for t in p["tasks"]
+             if t["task"]["name"].split(" : ")[-1] == MERGE and "node-a" in t["hosts"]]  # fmt: skip
+    assert len(calls) == 2  # playbooks/preflight.yml's, then the validation's
+    assert [bool(c.get("skipped")) for c in calls] == [False, True]

@@ -28,14 +28,7 @@ needs_ansible_doc = pytest.mark.skipif(not ANSIBLE_DOC.exists(), reason="needs t
 
 # Filters still without documentation. The test fails for any other undocumented filter, and for a name here that has
 # its documentation now (take it off the list).
-UNDOCUMENTED = {
-    # plugins/filter/gpu_facts_filters.py is being refactored; documented once that settles
-    "gpu_comm_settings",
-    "gpu_preflight_problems",
-    # plugins/filter/sglang_launch.py, split out of gpu_facts_filters.py by that refactor (not committed yet)
-    "sglang_comm_flags",
-    "sglang_launch_problems",
-}
+UNDOCUMENTED: set[str] = set()
 
 
 def _load_filter_files() -> tuple[dict[str, dict], dict[str, str]]:
