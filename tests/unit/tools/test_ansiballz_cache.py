@@ -1,5 +1,6 @@
-"""The AnsiballZ build cache (plugins/callback/ansiballz_cache.py, enabled in the project's ansible.cfg): a run reuses
-the module builds of earlier runs while no module or module_utils file changed, and never keeps what it cannot key."""
+"""The AnsiballZ build cache (tools/ansible_speedups/callback_plugins/ansiballz_cache.py, opt-in with
+tools/ansible_speedups/env.sh): a run reuses the module builds of earlier runs while no module or module_utils file
+changed, and never keeps what it cannot key; on an ansible-core it was not tested with it warns and keeps nothing."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import time
 import zipfile
 from pathlib import Path
 
-from ansible_collections.gpufleet.fleet.plugins.callback import ansiballz_cache as cache
+from ansible_speedups import load_plugin, speedups_env  # tests/support
+
+cache = load_plugin("callback", "ansiballz_cache")
 
 REPO = Path(__file__).resolve().parents[3]
 PLAY = """\
@@ -32,8 +35,10 @@ PLAY = """\
 def run(tmp_path: Path, store: Path, *extra: str) -> subprocess.CompletedProcess:
     play = tmp_path / "play.yml"
     play.write_text(PLAY)
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), GPUFLEET_ANSIBALLZ_CACHE=str(store),
-               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"), ANSIBLE_FORCE_COLOR="0")  # fmt: skip
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0",
+               GPUFLEET_ANSIBALLZ_CACHE=str(store),
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))  # fmt: skip
+    env = speedups_env(env)  # the opt-in: . tools/ansible_speedups/env.sh
     proc = subprocess.run(
         [str(REPO / ".venv/bin/ansible-playbook"), "-i", "localhost,", "-c", "local", "-vvv", str(play),
          "-e", f"ansible_python_interpreter={sys.executable}", *extra],
@@ -129,3 +134,27 @@ def test_only_the_most_recent_sets_are_kept(tmp_path):
         os.utime(tmp_path / name, (time.time() - age * 100, time.time() - age * 100))
     cache.prune(str(tmp_path), str(tmp_path / "oldest"), 2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mid", "newest", "oldest"]  # the current one stays
+
+
+def test_on_another_ansible_core_it_warns_and_keeps_nothing(tmp_path, monkeypatch):
+    """It depends on ansible-core 2.19's build format: on another version it turns itself off, saying so."""
+    assert cache.supported("2.19.4") and not cache.supported("2.20.0")
+    monkeypatch.setattr(cache, "ANSIBLE_CORE_VERSION", "2.20.0")
+    warnings = []
+    plugin = cache.CallbackModule()
+    monkeypatch.setattr(plugin._display, "warning", lambda text, *a, **k: warnings.append(text))
+    plugin.set_options(direct={"folder": str(tmp_path / "store")})
+    plugin.v2_playbook_on_stats(None)
+    assert warnings and "is off: written for ansible-core 2.19.x, this is 2.20.0" in warnings[0]
+    assert not (tmp_path / "store").exists()
+
+
+def test_the_collection_and_the_default_config_use_no_private_api():
+    """The shipped collection (plugins/) imports nothing of ansible._internal, and ansible.cfg enables neither
+    speed-up (they are opt-in: tools/ansible_speedups/env.sh)."""
+    private = [
+        str(p.relative_to(REPO)) for p in (REPO / "plugins").rglob("*.py") if "ansible._internal" in p.read_text()
+    ]
+    assert private == []
+    config = (REPO / "ansible.cfg").read_text()
+    assert "ansiballz_cache" not in config and "gpufleet_jsonfile" not in config

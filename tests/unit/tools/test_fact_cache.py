@@ -1,5 +1,6 @@
-"""The fact cache of the project's ansible.cfg (plugins/cache/jsonfile.py, gpufleet.fleet.jsonfile): the files of
-ansible.builtin.jsonfile, each host's document decoded once per run instead of once per task and host."""
+"""The opt-in fact cache (tools/ansible_speedups/cache_plugins/gpufleet_jsonfile.py, `. tools/ansible_speedups/env.sh`):
+the files of ansible.builtin.jsonfile, each host's document decoded once per run instead of once per task and host;
+on an ansible-core it was not tested with, exactly ansible.builtin.jsonfile, with a warning."""
 
 from __future__ import annotations
 
@@ -17,15 +18,17 @@ FACTS = {
     "ratio": 0.85,
     "driver_loaded": True,
 }
-# Each check runs in a fresh Python that finds plugins by FQCN as ansible-playbook does (the collection loader
-# installed first: in the test session the collection is also imported as a plain package by other tests).
+SPEEDUPS = REPO / "tools" / "ansible_speedups" / "cache_plugins"
+# Each check runs in a fresh Python that finds plugins as ansible-playbook does with the opt-in environment (its cache
+# plugin folder added to the loader, the plugin asked for by name).
 PRELUDE = """
 import json, sys
 from ansible._internal._json._profiles import _cache_persistence
 from ansible.plugins.loader import cache_loader, init_plugin_loader
 init_plugin_loader([sys.argv[1]])
+cache_loader.add_directory(sys.argv[4])
 FOLDER, FACTS = sys.argv[2], json.loads(sys.argv[3])
-ours = lambda: cache_loader.get("gpufleet.fleet.jsonfile", _uri=FOLDER)  # as the variable manager gets it
+ours = lambda: cache_loader.get("gpufleet_jsonfile", _uri=FOLDER)  # as the variable manager gets it
 builtin = lambda: cache_loader.get("ansible.builtin.jsonfile", _uri=FOLDER)  # wrapped by ansible-core's interposer
 decodes = []
 loads = json.loads
@@ -42,7 +45,7 @@ def check(folder: Path, code: str) -> dict:
     """Run code after PRELUDE in a fresh Python; the dict it leaves in ``out``."""
     script = PRELUDE + textwrap.dedent(code) + "\nprint(json.dumps(out, default=str))\n"
     proc = subprocess.run(
-        [sys.executable, "-c", script, str(REPO / "collections"), str(folder), json.dumps(FACTS)],
+        [sys.executable, "-c", script, str(REPO / "collections"), str(folder), json.dumps(FACTS), str(SPEEDUPS)],
         capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -87,7 +90,7 @@ def test_a_host_is_decoded_once_per_run(tmp_path):
             wrapped.get("gpu-01")
         out["builtin_decodes"] = len(decodes)
     """)  # fmt: skip
-    assert out["plugin"] == "ansible_collections.gpufleet.fleet.plugins.cache.jsonfile"
+    assert out["plugin"].endswith("gpufleet_jsonfile")
     assert out["same"] is True and out["decodes"] == 1
     assert out["builtin_decodes"] == 3  # why the plugin exists: ansible.builtin.jsonfile decodes on every read
 
@@ -140,3 +143,27 @@ def test_the_project_config_keeps_a_fact_from_one_run_for_the_next(tmp_path):
     assert "read back /srv/models/m/rev" in proc.stdout
     out = check(tmp_path / "facts", 'out["staged"] = builtin().get("localhost")["staged_path"]')
     assert out["staged"] == "/srv/models/m/rev"
+
+
+def test_on_another_ansible_core_it_is_ansible_builtin_jsonfile_with_a_warning(tmp_path, monkeypatch):
+    """It uses ansible-core 2.19's private cache encoder: on another version it never imports it and is the builtin
+    plugin as it is, saying so."""
+    import ansible.release
+    from ansible.plugins.cache.jsonfile import CacheModule as Builtin
+    from ansible.utils.display import Display
+    from ansible_speedups import load_plugin  # tests/support
+
+    monkeypatch.setattr(ansible.release, "__version__", "2.20.0")
+    warnings = []
+    monkeypatch.setattr(Display, "warning", lambda self, text, *a, **k: warnings.append(text))
+    module = load_plugin("cache", "gpufleet_jsonfile", "gpufleet_jsonfile_on_2_20")
+    assert module.SUPPORTED is False and "_cache_persistence" not in vars(module)
+    assert (
+        module.CacheModule.__mro__[1] is Builtin
+        and not hasattr(module.CacheModule, "_persistent")
+        or (module.CacheModule._persistent is Builtin._persistent)
+    )
+    module.CacheModule(_uri=str(tmp_path))
+    assert (
+        warnings and "is ansible.builtin.jsonfile here: written for ansible-core 2.19.x, this is 2.20.0" in warnings[0]
+    )

@@ -1,4 +1,7 @@
-"""Cache plugin: ansible.builtin.jsonfile's fact files, each host's document decoded once per run.
+"""Cache plugin (opt-in controller tooling, not part of the collection): ansible.builtin.jsonfile's fact files, each
+host's document decoded once per run. It uses ansible-core's private cache encoder (``ansible._internal``), so it runs
+only on the ansible-core minor version it was tested with (TESTED_ANSIBLE_CORE); on any other it warns and is exactly
+ansible.builtin.jsonfile. Enable it with `. tools/ansible_speedups/env.sh` (docs/performance.md).
 
 ansible-core 2.19 wraps every persistent cache plugin in an interposer (``ansible._internal._plugins._cache``) that
 JSON-decodes the host's whole cached document on every read, and the variable manager reads it for every task and
@@ -18,12 +21,19 @@ from __future__ import annotations
 
 import json
 
-# ansible-core's own encoder and decoder of persisted cache data (tags, vaulted values): the ones its interposer uses.
-from ansible._internal._json._profiles import _cache_persistence
 from ansible.plugins.cache.jsonfile import CacheModule as JsonFileCacheModule
+from ansible.release import __version__ as ANSIBLE_CORE_VERSION
+from ansible.utils.display import Display
+
+# The ansible-core minor version whose cache interposer and private encoder this plugin was written against and tested.
+TESTED_ANSIBLE_CORE = "2.19."
+SUPPORTED = ANSIBLE_CORE_VERSION.startswith(TESTED_ANSIBLE_CORE)
+if SUPPORTED:
+    # ansible-core's own encoder and decoder of persisted cache data (tags, vaulted values): its interposer's.
+    from ansible._internal._json._profiles import _cache_persistence
 
 DOCUMENTATION = """
-    name: jsonfile
+    name: gpufleet_jsonfile
     short_description: JSON files, as ansible.builtin.jsonfile writes them, each decoded once per run
     description:
         - Saves each host's facts in a JSON file, the same file and format as C(ansible.builtin.jsonfile), so the two
@@ -77,37 +87,52 @@ def host_key(stored: str) -> str | None:
     return stored[len(prefix) :] if stored.startswith(prefix) else None
 
 
-class CacheModule(JsonFileCacheModule):
-    # The plugin loader wraps persistent plugins in the interposer that decodes on every read; this plugin encodes
-    # and decodes itself (BaseCacheModule: "Plugins that do not persist data between runs can set False to bypass
-    # schema-version key munging and JSON serialization wrapper").
-    _persistent = False
+# The loader names a plugin's type after its class (CacheModule -> cache): one class of that name, chosen by version.
+if SUPPORTED:
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._decoded: dict[str, dict] = {}
+    class CacheModule(JsonFileCacheModule):  # noqa: F811 (one of two, by version)
+        # The plugin loader wraps persistent plugins in the interposer that decodes on every read; this plugin encodes
+        # and decodes itself (BaseCacheModule: "Plugins that do not persist data between runs can set False to bypass
+        # schema-version key munging and JSON serialization wrapper").
+        _persistent = False
 
-    def get(self, key):
-        if key not in self._decoded:
-            stored = super().get(file_key(key))  # KeyError when absent or expired, as jsonfile
-            self._decoded[key] = json.loads(stored[PAYLOAD_KEY], cls=_cache_persistence.Decoder)
-        return self._decoded[key]
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._decoded: dict[str, dict] = {}
 
-    def set(self, key, value):
-        self._decoded[key] = value
-        super().set(file_key(key), {PAYLOAD_KEY: json.dumps(value, cls=_cache_persistence.Encoder)})
+        def get(self, key):
+            if key not in self._decoded:
+                stored = super().get(file_key(key))  # KeyError when absent or expired, as jsonfile
+                self._decoded[key] = json.loads(stored[PAYLOAD_KEY], cls=_cache_persistence.Decoder)
+            return self._decoded[key]
 
-    def keys(self):
-        stored_keys = super().keys()
-        return [k for k in (host_key(stored) for stored in stored_keys) if k is not None]
+        def set(self, key, value):
+            self._decoded[key] = value
+            super().set(file_key(key), {PAYLOAD_KEY: json.dumps(value, cls=_cache_persistence.Encoder)})
 
-    def contains(self, key):
-        return key in self._decoded or super().contains(file_key(key))
+        def keys(self):
+            stored_keys = super().keys()
+            return [k for k in (host_key(stored) for stored in stored_keys) if k is not None]
 
-    def delete(self, key):
-        self._decoded.pop(key, None)
-        super().delete(file_key(key))
+        def contains(self, key):
+            return key in self._decoded or super().contains(file_key(key))
 
-    def flush(self):
-        self._decoded = {}
-        super().flush()
+        def delete(self, key):
+            self._decoded.pop(key, None)
+            super().delete(file_key(key))
+
+        def flush(self):
+            self._decoded = {}
+            super().flush()
+
+else:
+
+    class CacheModule(JsonFileCacheModule):
+        """ansible.builtin.jsonfile as it is (an ansible-core this plugin was not tested with)."""
+
+        def __init__(self, *args, **kwargs):
+            Display().warning(
+                f"gpufleet_jsonfile (tools/ansible_speedups) is ansible.builtin.jsonfile here: written for "
+                f"ansible-core {TESTED_ANSIBLE_CORE}x, this is {ANSIBLE_CORE_VERSION}"
+            )
+            super().__init__(*args, **kwargs)

@@ -1,4 +1,7 @@
-"""Callback plugin: ansible-core's AnsiballZ module builds kept from one ansible-playbook run to the next.
+"""Callback plugin (opt-in controller tooling, not part of the collection): ansible-core's AnsiballZ module builds kept
+from one ansible-playbook run to the next. It depends on ansible-core's module build format and on CPython's import
+internals, so it runs only on the ansible-core minor version it was tested with (TESTED_ANSIBLE_CORE) and turns itself
+off with a warning on any other. Enable it with `. tools/ansible_speedups/env.sh` (docs/performance.md).
 
 ansible-core builds each module it sends (the module and every module_utils file it imports, found by parsing their
 sources, zipped) once per run, in the run's own temporary folder, and deletes it at the end: about 0.3 CPU s per
@@ -39,6 +42,7 @@ import zipfile
 import ansible
 from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
+from ansible.release import __version__ as ANSIBLE_CORE_VERSION
 from ansible.utils.collection_loader import AnsibleCollectionConfig
 
 DOCUMENTATION = """
@@ -76,6 +80,14 @@ DOCUMENTATION = """
           - section: gpufleet
             key: ansiballz_cache_keep
 """
+
+# The ansible-core minor version whose module build format and run cache this plugin was written against and tested on.
+TESTED_ANSIBLE_CORE = "2.19."
+
+
+def supported(version: str | None = None) -> bool:
+    return (ANSIBLE_CORE_VERSION if version is None else version).startswith(TESTED_ANSIBLE_CORE)
+
 
 # ansible-core's run cache: <local tmp of the run>/ansiballz_cache/<module fqn>-<compression>-<extensions>
 RUN_CACHE = "ansiballz_cache"
@@ -205,7 +217,7 @@ def prune(root: str, current: str, keep_count: int) -> None:
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
-    CALLBACK_NAME = "gpufleet.fleet.ansiballz_cache"
+    CALLBACK_NAME = "ansiballz_cache"
     CALLBACK_NEEDS_ENABLED = True
 
     def __init__(self, display=None):
@@ -213,9 +225,17 @@ class CallbackModule(CallbackBase):
         self._store = ""
         self._run_cache = ""
         self._seeded: set[str] = set()
+        self._on = False
 
     def set_options(self, task_keys=None, var_options=None, direct=None):
         super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)
+        self._on = supported()
+        if not self._on:
+            self._display.warning(
+                f"ansiballz_cache (tools/ansible_speedups) is off: written for ansible-core {TESTED_ANSIBLE_CORE}x, "
+                f"this is {ANSIBLE_CORE_VERSION}; runs are as without it"
+            )
+            return
         root = self.get_option("folder")
         os.makedirs(root, mode=0o700, exist_ok=True)
         os.chmod(root, 0o700)
@@ -227,6 +247,8 @@ class CallbackModule(CallbackBase):
             os.utime(self._store)  # most recently used
 
     def v2_playbook_on_stats(self, stats):
+        if not self._on:
+            return
         added = keep(self._run_cache, self._store, self._seeded)
         if added:
             prune(self._root, self._store, self.get_option("keep"))
