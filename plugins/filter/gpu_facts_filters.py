@@ -61,13 +61,158 @@ def _require_facts(facts):
         )
 
 
-def gpu_comm_settings(facts, overrides=None, nnodes=1):
-    """Derive the communication settings of one host from its gpu_facts.
+def _no_driver(c):
+    c.errors.append("no working NVIDIA driver (gpu_facts.driver_loaded=false): nothing to derive")
 
-    Returns ``{"nccl_env", "sources", "removed", "profile", "reasons", "warnings",
-    "errors", "inputs"}`` (docs/gpu-facts.md).
-    """
-    _require_facts(facts)
+
+def _single_gpu(c):
+    c.reasons.append(f"{c.gpu_count} GPU: no intra-node collective traffic, NCCL left at its defaults")
+
+
+def _nvlink_p2p(c):
+    c.reasons.append(
+        f"every GPU pair is joined by NVLink ({', '.join(c.link_types)}) and P2P is OK: NCCL's own choice "
+        "(P2P over NVLink) is the fast path, so no NCCL variable is set; turning P2P off measured 10x "
+        "slower on a 2x H200 VM"
+    )
+
+
+def _pcie_p2p(c):
+    worst = c.topo.get("worst_link")
+    c.env["NCCL_P2P_LEVEL"] = worst
+    c.reasons.append(
+        f"NCCL_P2P_LEVEL={worst}: P2P is OK between every pair and the farthest pair is {worst}; NCCL's "
+        f"default level can stop short of {worst} (e.g. PXB on Intel hosts), so P2P is allowed up to it"
+    )
+
+
+def _pcie_p2p_sys(c):
+    worst = c.topo.get("worst_link")
+    c.reasons.append(
+        f"P2P is OK but the farthest pair crosses {worst} (between NUMA nodes): NCCL's default is kept; "
+        "cross-socket P2P is often slower than SHM, measure with measure_nccl=true before overriding"
+    )
+    c.warnings.append(
+        f"GPU pairs connected through {worst}: run the NCCL measurement (-e measure_nccl=true) and set "
+        "gpu_facts_nccl_env_overrides if P2P off or a lower NCCL_P2P_LEVEL is faster"
+    )
+
+
+def _no_p2p(c):
+    not_ok = c.p2p.get("not_ok_pairs", [])
+    bad = ", ".join(not_ok[:4]) + (" ..." if len(not_ok) > 4 else "")
+    c.env.update(SEED_NO_P2P_ENV)
+    c.reasons.append(
+        f"P2P is not available ({'/'.join(c.statuses) or 'no P2P table'}; {bad}) on {c.where}: every GPU-to-GPU "
+        "transfer goes through host memory (NCCL's SHM transport), so the seed's proven set is used"
+    )
+    c.reasons.append(
+        "NCCL_P2P_LEVEL=PHB: from the seed's working launch; with P2P reported unsupported NCCL keeps P2P off "
+        "anyway, and if a driver later grants P2P it is used only up to PHB (the host bridge)"
+    )
+    if c.nnodes == 1:
+        c.reasons.append(
+            "NCCL_IB_DISABLE=1: one node, so no InfiniBand/RoCE is needed; keeps NCCL from routing "
+            "intra-node traffic through a passed-through NIC when P2P is off"
+        )
+    else:
+        del c.env["NCCL_IB_DISABLE"]
+        c.reasons.append(f"NCCL_IB_DISABLE not set: {c.nnodes} nodes need the network between them")
+    c.reasons.append(
+        "NCCL_MIN_NCHANNELS=8: with SHM over PCIe more channels give more bus bandwidth (about 70% more "
+        "with 8 than with 2 in community measurements); from the seed's working launch"
+    )
+    c.reasons.append(
+        "NCCL_ALLOC_P2P_NET_LL_BUFFERS=1: kept from the seed's proven launch so the derived set equals it; "
+        "it only affects P2P network connections (multi-node), so on one node it is expected to be a no-op. "
+        "Remove it with gpu_facts_nccl_env_overrides: {NCCL_ALLOC_P2P_NET_LL_BUFFERS: null}"
+    )
+    c.reasons.append("NCCL_SHM_DISABLE is never set here: SHM is the only intra-node path when P2P is off")
+    if c.p2p.get("any_ok"):
+        c.warnings.append(
+            "P2P is OK for some GPU pairs but not all: the whole host is treated as no-P2P; check the "
+            "PCIe/IOMMU (ACS) setup of the VM"
+        )
+    if c.p2p.get("missing_gpus"):
+        c.warnings.append(f"GPUs missing from `nvidia-smi topo -p2p r`: {', '.join(c.p2p['missing_gpus'])}")
+
+
+# The topology profiles, first match wins: (profile, when it applies, what it derives). docs/gpu-facts.md has the table.
+PROFILES = (
+    ("no-driver", lambda c: not c.facts.get("driver_loaded", True), _no_driver),
+    ("single-gpu", lambda c: c.gpu_count <= 1, _single_gpu),
+    ("nvlink-p2p", lambda c: c.p2p.get("all_ok") and c.topo.get("nvlink_all"), _nvlink_p2p),
+    ("pcie-p2p", lambda c: c.p2p.get("all_ok") and c.topo.get("worst_link") in P2P_LEVEL_LINKS, _pcie_p2p),
+    ("pcie-p2p-sys", lambda c: c.p2p.get("all_ok"), _pcie_p2p_sys),
+    ("no-p2p", lambda c: True, _no_p2p),
+)
+
+
+def _host_warnings(c):
+    """What the profile does not cover: MIG, mixed GPU models, NVML disagreeing with nvidia-smi."""
+    if c.facts.get("mig_enabled"):
+        c.warnings.append(
+            "MIG is enabled on some GPU: NCCL and tensor parallelism over MIG instances are not supported"
+        )
+    if c.facts.get("mixed_models"):
+        c.warnings.append(
+            f"mixed GPU models on one host ({', '.join(c.facts.get('models', []))}): TP runs at the slowest"
+        )
+    if c.p2p.get("nvml_agrees") is False:
+        c.warnings.append("NVML and nvidia-smi disagree on P2P: " + "; ".join(c.p2p.get("nvml_disagreements", [])[:4]))
+
+
+def _apply_overrides(c, values):
+    """The inventory's NCCL variables on top (null removes one), each with its source."""
+    values = {} if values is None else values
+    if not isinstance(values, dict):
+        raise GpuFactsFilterError(f"overrides.nccl_env must be a dict, got {type(values).__name__}")
+    for key, value in values.items():
+        key = str(key)
+        c.sources[key] = "inventory"
+        if value is None:
+            c.env.pop(key, None)
+            c.removed.append(key)
+            c.reasons.append(f"{key}: removed by inventory (null)")
+        else:
+            c.env[key] = _env_value(value)
+            c.reasons.append(f"{key}={c.env[key]}: set by inventory")
+
+
+def _check_overrides(c):
+    """The one NCCL guard: SHM off without P2P is refused, P2P off where P2P works warns."""
+    var = "gpu_facts_nccl_env_overrides"
+    if _truthy_env(c.env.get("NCCL_SHM_DISABLE")):
+        if c.profile == "no-p2p":
+            c.errors.append(
+                f"{var}.NCCL_SHM_DISABLE={c.env['NCCL_SHM_DISABLE']} on a host without P2P "
+                f"(gpu_facts.p2p.statuses={c.statuses}): SHM is then the only intra-node path and NCCL falls "
+                "back to sockets (about 100x slower on a 2x H200 VM). Fix: remove NCCL_SHM_DISABLE from "
+                f"{var}"
+            )
+        else:
+            c.warnings.append(
+                f"{var}.NCCL_SHM_DISABLE={c.env['NCCL_SHM_DISABLE']}: disables NCCL's host shared-memory "
+                "transport; only safe while P2P works for every pair"
+            )
+    if _truthy_env(c.env.get("NCCL_P2P_DISABLE")) and c.profile in ("nvlink-p2p", "pcie-p2p"):
+        c.warnings.append(
+            f"{var}.NCCL_P2P_DISABLE={c.env['NCCL_P2P_DISABLE']} on a host where P2P works "
+            f"({', '.join(c.link_types)}): all-reduce measured 10x slower this way on a 2x H200 VM"
+        )
+
+
+def _nnodes(nnodes):
+    try:
+        nnodes = int(nnodes)
+    except (TypeError, ValueError) as exc:
+        raise GpuFactsFilterError(f"nnodes must be an integer, got {nnodes!r}") from exc
+    if nnodes < 1:
+        raise GpuFactsFilterError(f"nnodes must be >= 1, got {nnodes}")
+    return nnodes
+
+
+def _overrides(overrides):
     overrides = {} if overrides is None else overrides
     if not isinstance(overrides, dict):
         raise GpuFactsFilterError(f"overrides must be a dict with nccl_env, got {type(overrides).__name__}")
@@ -79,156 +224,50 @@ def gpu_comm_settings(facts, overrides=None, nnodes=1):
     unknown = set(overrides) - {"nccl_env"}
     if unknown:
         raise GpuFactsFilterError(f"unknown override sections {sorted(unknown)}: use nccl_env")
-    try:
-        nnodes = int(nnodes)
-    except (TypeError, ValueError) as exc:
-        raise GpuFactsFilterError(f"nnodes must be an integer, got {nnodes!r}") from exc
-    if nnodes < 1:
-        raise GpuFactsFilterError(f"nnodes must be >= 1, got {nnodes}")
+    return overrides
 
-    gpu_count = int(facts.get("gpu_count") or 0)
-    topo = facts.get("topology") or {}
-    p2p = facts.get("p2p") or {}
+
+def gpu_comm_settings(facts, overrides=None, nnodes=1):
+    """Derive the communication settings of one host from its gpu_facts: the first matching topology profile of
+    PROFILES, the host's other warnings, the inventory's overrides, the NCCL guard.
+
+    Returns ``{"nccl_env", "sources", "removed", "profile", "reasons", "warnings",
+    "errors", "inputs"}`` (docs/gpu-facts.md).
+    """
+    _require_facts(facts)
+    overrides = _overrides(overrides)
+    nnodes = _nnodes(nnodes)
     virt = facts.get("virtualization") or {}
-    env, reasons, warnings, errors = {}, [], [], []
-    where = (
-        "a KVM/QEMU guest"
-        if virt.get("vm") in ("kvm", "qemu")
-        else (f"a {virt.get('vm')} guest" if virt.get("is_vm") else "bare metal or an undetected hypervisor")
-    )
-    statuses = p2p.get("statuses") or []
-    link_types = topo.get("link_types") or []
-
-    if not facts.get("driver_loaded", True):
-        errors.append("no working NVIDIA driver (gpu_facts.driver_loaded=false): nothing to derive")
-        profile = "no-driver"
-    elif gpu_count <= 1:
-        profile = "single-gpu"
-        reasons.append(f"{gpu_count} GPU: no intra-node collective traffic, NCCL left at its defaults")
-    elif p2p.get("all_ok") and topo.get("nvlink_all"):
-        profile = "nvlink-p2p"
-        reasons.append(
-            f"every GPU pair is joined by NVLink ({', '.join(link_types)}) and P2P is OK: NCCL's own choice "
-            "(P2P over NVLink) is the fast path, so no NCCL variable is set; turning P2P off measured 10x "
-            "slower on a 2x H200 VM"
-        )
-    elif p2p.get("all_ok"):
-        worst = topo.get("worst_link")
-        if worst in P2P_LEVEL_LINKS:
-            profile = "pcie-p2p"
-            env["NCCL_P2P_LEVEL"] = worst
-            reasons.append(
-                f"NCCL_P2P_LEVEL={worst}: P2P is OK between every pair and the farthest pair is {worst}; NCCL's "
-                f"default level can stop short of {worst} (e.g. PXB on Intel hosts), so P2P is allowed up to it"
-            )
-        else:
-            profile = "pcie-p2p-sys"
-            reasons.append(
-                f"P2P is OK but the farthest pair crosses {worst} (between NUMA nodes): NCCL's default is kept; "
-                "cross-socket P2P is often slower than SHM, measure with measure_nccl=true before overriding"
-            )
-            warnings.append(
-                f"GPU pairs connected through {worst}: run the NCCL measurement (-e measure_nccl=true) and set "
-                "gpu_facts_nccl_env_overrides if P2P off or a lower NCCL_P2P_LEVEL is faster"
-            )
-    else:
-        profile = "no-p2p"
-        bad = ", ".join(p2p.get("not_ok_pairs", [])[:4]) + (" ..." if len(p2p.get("not_ok_pairs", [])) > 4 else "")
-        env.update(SEED_NO_P2P_ENV)
-        reasons.append(
-            f"P2P is not available ({'/'.join(statuses) or 'no P2P table'}; {bad}) on {where}: every GPU-to-GPU "
-            "transfer goes through host memory (NCCL's SHM transport), so the seed's proven set is used"
-        )
-        reasons.append(
-            "NCCL_P2P_LEVEL=PHB: from the seed's working launch; with P2P reported unsupported NCCL keeps P2P off "
-            "anyway, and if a driver later grants P2P it is used only up to PHB (the host bridge)"
-        )
-        if nnodes == 1:
-            reasons.append(
-                "NCCL_IB_DISABLE=1: one node, so no InfiniBand/RoCE is needed; keeps NCCL from routing "
-                "intra-node traffic through a passed-through NIC when P2P is off"
-            )
-        else:
-            del env["NCCL_IB_DISABLE"]
-            reasons.append(f"NCCL_IB_DISABLE not set: {nnodes} nodes need the network between them")
-        reasons.append(
-            "NCCL_MIN_NCHANNELS=8: with SHM over PCIe more channels give more bus bandwidth (about 70% more "
-            "with 8 than with 2 in community measurements); from the seed's working launch"
-        )
-        reasons.append(
-            "NCCL_ALLOC_P2P_NET_LL_BUFFERS=1: kept from the seed's proven launch so the derived set equals it; "
-            "it only affects P2P network connections (multi-node), so on one node it is expected to be a no-op. "
-            "Remove it with gpu_facts_nccl_env_overrides: {NCCL_ALLOC_P2P_NET_LL_BUFFERS: null}"
-        )
-        reasons.append("NCCL_SHM_DISABLE is never set here: SHM is the only intra-node path when P2P is off")
-        if p2p.get("any_ok"):
-            warnings.append(
-                "P2P is OK for some GPU pairs but not all: the whole host is treated as no-P2P; check the "
-                "PCIe/IOMMU (ACS) setup of the VM"
-            )
-        if p2p.get("missing_gpus"):
-            warnings.append(f"GPUs missing from `nvidia-smi topo -p2p r`: {', '.join(p2p['missing_gpus'])}")
-
-    if facts.get("mig_enabled"):
-        warnings.append("MIG is enabled on some GPU: NCCL and tensor parallelism over MIG instances are not supported")
-    if facts.get("mixed_models"):
-        warnings.append(f"mixed GPU models on one host ({', '.join(facts.get('models', []))}): TP runs at the slowest")
-    if p2p.get("nvml_agrees") is False:
-        warnings.append("NVML and nvidia-smi disagree on P2P: " + "; ".join(p2p.get("nvml_disagreements", [])[:4]))
-
-    sources = dict.fromkeys(env, "facts")
-    removed = []
-    values = overrides.get("nccl_env")
-    values = {} if values is None else values
-    if not isinstance(values, dict):
-        raise GpuFactsFilterError(f"overrides.nccl_env must be a dict, got {type(values).__name__}")
-    for key, value in values.items():
-        key = str(key)
-        sources[key] = "inventory"
-        if value is None:
-            env.pop(key, None)
-            removed.append(key)
-            reasons.append(f"{key}: removed by inventory (null)")
-        else:
-            env[key] = _env_value(value)
-            reasons.append(f"{key}={env[key]}: set by inventory")
-
-    var = "gpu_facts_nccl_env_overrides"
-    if _truthy_env(env.get("NCCL_SHM_DISABLE")):
-        if profile == "no-p2p":
-            errors.append(
-                f"{var}.NCCL_SHM_DISABLE={env['NCCL_SHM_DISABLE']} on a host without P2P "
-                f"(gpu_facts.p2p.statuses={statuses}): SHM is then the only intra-node path and NCCL falls "
-                "back to sockets (about 100x slower on a 2x H200 VM). Fix: remove NCCL_SHM_DISABLE from "
-                f"{var}"
-            )
-        else:
-            warnings.append(
-                f"{var}.NCCL_SHM_DISABLE={env['NCCL_SHM_DISABLE']}: disables NCCL's host shared-memory "
-                "transport; only safe while P2P works for every pair"
-            )
-    if _truthy_env(env.get("NCCL_P2P_DISABLE")) and profile in ("nvlink-p2p", "pcie-p2p"):
-        warnings.append(
-            f"{var}.NCCL_P2P_DISABLE={env['NCCL_P2P_DISABLE']} on a host where P2P works "
-            f"({', '.join(link_types)}): all-reduce measured 10x slower this way on a 2x H200 VM"
-        )
-
+    c = SimpleNamespace(
+        facts=facts, nnodes=nnodes, gpu_count=int(facts.get("gpu_count") or 0), topo=facts.get("topology") or {},
+        p2p=facts.get("p2p") or {}, env={}, reasons=[], warnings=[], errors=[], removed=[],
+        where="a KVM/QEMU guest" if virt.get("vm") in ("kvm", "qemu")
+        else (f"a {virt.get('vm')} guest" if virt.get("is_vm") else "bare metal or an undetected hypervisor"),
+    )  # fmt: skip
+    c.statuses = c.p2p.get("statuses") or []
+    c.link_types = c.topo.get("link_types") or []
+    c.profile, derive = next((name, derive) for name, when, derive in PROFILES if when(c))
+    derive(c)
+    _host_warnings(c)
+    c.sources = dict.fromkeys(c.env, "facts")
+    _apply_overrides(c, overrides.get("nccl_env"))
+    _check_overrides(c)
     return {
-        "nccl_env": env,
-        "sources": sources,
-        "removed": removed,
-        "profile": profile,
-        "reasons": reasons,
-        "warnings": warnings,
-        "errors": errors,
+        "nccl_env": c.env,
+        "sources": c.sources,
+        "removed": c.removed,
+        "profile": c.profile,
+        "reasons": c.reasons,
+        "warnings": c.warnings,
+        "errors": c.errors,
         "inputs": {
-            "gpu_count": gpu_count,
+            "gpu_count": c.gpu_count,
             "nnodes": nnodes,
-            "link_types": link_types,
-            "worst_link": topo.get("worst_link"),
-            "nvlink_all": topo.get("nvlink_all"),
-            "p2p_statuses": statuses,
-            "p2p_all_ok": p2p.get("all_ok"),
+            "link_types": c.link_types,
+            "worst_link": c.topo.get("worst_link"),
+            "nvlink_all": c.topo.get("nvlink_all"),
+            "p2p_statuses": c.statuses,
+            "p2p_all_ok": c.p2p.get("all_ok"),
             "virtualization": virt.get("vm"),
         },
     }
