@@ -2,7 +2,7 @@
 
 `make setup` links collections/ansible_collections/gpufleet/fleet to the root (tools/install_collections.py),
 so tests import product code exactly as Ansible does:
-``from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_host``.
+``from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_systemd``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import os
 import re
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_help import help_options
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import journal_match
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_journal import journal_match
 
 # The option table is the sglang_server role's file (roles/sglang_server/files), beside this plugin in the collection.
 ARGS_TABLE_FILE = os.path.join(

@@ -20,15 +20,14 @@ from pathlib import Path
 
 from ansible.module_utils.common.parameters import remove_values
 from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import write_json
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import (
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_http import http
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_journal import (
     current_phase,
-    http,
     journal_lines,
-    monotonic_us,
     phase_timeline,
-    unit_state,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_smoke import prove
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_systemd import monotonic_us, unit_state
 
 # sglang_server_swap's `ready` option (argument spec of its sub-options).
 READY_OPTIONS = {

@@ -11,11 +11,9 @@ import re
 import threading
 import time
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import (
-    http,
-    journal_lines,
-    read_env_file,
-)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import read_env_file
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_http import http
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_journal import journal_lines
 
 # The module's options and their defaults (plugins/modules/sglang_server_smoke.py documents them).
 SMOKE_OPTIONS = {

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import write_json
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import http, unit_state
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_http import http
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_systemd import unit_state
 
 DOCUMENTATION = r"""
 module: fleet_router_workers
@@ -284,7 +285,7 @@ def invocation(service: str | None) -> str:
 
 
 def http_get(url: str, timeout: float) -> tuple[int, dict | None]:
-    """Status and JSON body of a GET to a worker (sglang_server_host.http; 0 and None when it does not answer)."""
+    """Status and JSON body of a GET to a worker (sglang_server_http.http; 0 and None when it does not answer)."""
     status, text, _seconds = http("GET", url, timeout=timeout)
     try:
         return status, json.loads(text) if text else {}

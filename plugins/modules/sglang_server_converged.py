@@ -12,12 +12,10 @@ from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import hash_file, read_json
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import (
-    run,
-    show_properties,
-    write_root_file,
-)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_command import run
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import write_root_file
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_smoke import prove
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_systemd import show_properties
 
 DOCUMENTATION = r"""
 module: sglang_server_converged

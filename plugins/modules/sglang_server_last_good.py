@@ -9,7 +9,8 @@ import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import readback, write_root_file
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import write_root_file
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_readback import readback
 
 DOCUMENTATION = r"""
 module: sglang_server_last_good

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import (
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_holders import (
     not_released_message,
     snapshot,
     wait_released,

@@ -6,7 +6,7 @@ last-known-good manifest."""
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import readback
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_readback import readback
 
 DOCUMENTATION = r"""
 module: sglang_server_readback

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import read_env_file  # noqa: F401
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import read_env_file  # noqa: F401
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_smoke import (  # noqa: F401  (tests' API)
     SMOKE_OPTIONS,
     check_answer,

@@ -8,25 +8,23 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import (
-    drain_account,
-    engine_load,
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_command import run
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_drain import drain_account, engine_load
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import read_env_file, write_root_file
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_holders import (
     held_memory,
-    journal_lines,
     not_released_message,
-    read_env_file,
-    record_stop,
-    run,
     snapshot,
-    unit_state,
     wait_released,
-    write_root_file,
 )
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_journal import journal_lines
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_manifest import record_stop
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_ready import (
     READY_OPTIONS,
     start_job,
     wait_ready,
 )
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_systemd import unit_state
 
 DOCUMENTATION = r"""
 module: sglang_server_swap

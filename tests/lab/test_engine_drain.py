@@ -22,7 +22,8 @@ import collection_jinja
 import jinja2
 import pytest
 import simfleet
-from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_host as host_utils  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_drain as server_drain  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_journal as server_journal  # noqa: E402
 from conftest import LAB_ENV, ROOT, lab, lab_json
 from lab_host import health
 
@@ -213,10 +214,12 @@ def test_stop_during_a_streaming_request(host, unit_kind, drains):
     _, journal = sh(f"journalctl -u {UNIT} --no-pager -o cat _SYSTEMD_INVOCATION_ID={invocation}")
     _, manager = sh(f"journalctl -u {UNIT} --no-pager -o cat -n 30")
     # the role's own journal reader and accounting (sglang_server_swap), run against this host's journal
-    entries = host_utils.journal_lines(UNIT, invocation, runner=lambda argv, timeout=60: (*sh(shlex.join(argv)), ""))
+    entries = server_journal.journal_lines(
+        UNIT, invocation, runner=lambda argv, timeout=60: (*sh(shlex.join(argv)), "")
+    )
     stop_state = {"result": props["Result"], "exec_main_code": props["ExecMainCode"],
                   "exec_main_status": props["ExecMainStatus"]}  # fmt: skip
-    account = host_utils.drain_account(1, entries, stop_state)
+    account = server_drain.drain_account(1, entries, stop_state)
     _, left = sh(f"systemd-cgls --no-pager -u {UNIT} 2>/dev/null | grep -c sglang_sim || true", check=False)
     _, used = sh("nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits")
     context = f"{unit_kind}: stop rc {rc} in {stop_s:.1f} s, {props}\n{out}\n{journal[-3000:]}\n{manager[-1500:]}"

@@ -1,7 +1,7 @@
 """gpusim-hold (lab/gpusim/gpusim_hold.py): "another program holds the GPUs" on a lab host.
 
 Run as a subprocess against the simulated nvidia-smi with a private registry; what the simulator then
-prints is read back with the role's own reader (sglang_server_host.gpu_state) and compared with the
+prints is read back with the role's own reader (sglang_server_holders.gpu_state) and compared with the
 real captures of a held H200 (tests/unit/fixtures/h200-device/gpu-holder/).
 """
 
@@ -23,7 +23,7 @@ HOLD = REPO / "lab" / "gpusim" / "gpusim_hold.py"
 PROFILES = REPO / "lab" / "gpusim" / "profiles"
 CAPTURE = REPO / "tests" / "unit" / "fixtures" / "h200-device" / "gpu-holder"
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_host as ssh  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_holders as server_holders  # noqa: E402
 
 
 @pytest.fixture
@@ -78,11 +78,11 @@ def test_a_holder_is_listed_like_a_real_one_and_named_by_the_role(lab):
     real = (CAPTURE / "held-query-apps-module.csv").read_text().strip().split(", ")
     assert real[1] == "/opt/torch/.venv/bin/python3"  # the real tool also shows argv[0], a full path
 
-    gs = ssh.gpu_state(runner=lab["run"])
+    gs = server_holders.gpu_state(runner=lab["run"])
     assert {i: g["memory_used_mib"] for i, g in gs["gpus"].items()} == {0: 21090, 1: 21090}
-    ours, foreign = ssh.classify_gpu_processes(gs["processes"], "sglang-server.service")
+    ours, foreign = server_holders.classify_gpu_processes(gs["processes"], "sglang-server.service")
     assert ours == []
-    text = ssh.describe_processes(foreign)
+    text = server_holders.describe_processes(foreign)
     me = pwd.getpwuid(os.getuid()).pw_name
     assert text.startswith(f"pid {proc.pid} ({sys.executable}, user {me}, command `{sys.executable} {HOLD} ")
     assert "--gpus 0,1 --mib 21090`, GPUs 0,1, 42180 MiB, unit " in text
@@ -92,10 +92,10 @@ def test_a_holder_is_listed_like_a_real_one_and_named_by_the_role(lab):
 def test_the_memory_follows_the_holders_death(lab, sig):
     proc = lab["hold"]("--gpus", "1", "--mib", "4096")
     holding(proc)
-    assert ssh.gpu_state(runner=lab["run"])["gpus"][1]["memory_used_mib"] == 4096
+    assert server_holders.gpu_state(runner=lab["run"])["gpus"][1]["memory_used_mib"] == 4096
     proc.send_signal(sig)
     assert proc.wait(timeout=10) == -sig  # dies of the signal, as a script without a handler does
-    gs = ssh.gpu_state(runner=lab["run"])
+    gs = server_holders.gpu_state(runner=lab["run"])
     assert gs["processes"] == [] and gs["gpus"][1]["memory_used_mib"] == 0
     assert not list(lab["state"].glob("alloc-*.json"))  # SIGTERM: removed; SIGKILL: pruned by nvidia-smi
 
@@ -108,7 +108,7 @@ def test_no_memory_no_hold(lab):
     err = second.stderr.read()
     assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 97.66 GiB. GPU 0 has a total capacity" in err
     assert f"{(143771 - 615 - 100000) / 1024:.2f} GiB is free" in err
-    assert [p["pid"] for p in ssh.gpu_state(runner=lab["run"])["processes"]] == [first.pid]
+    assert [p["pid"] for p in server_holders.gpu_state(runner=lab["run"])["processes"]] == [first.pid]
 
 
 def test_a_gpu_that_does_not_exist_is_refused(lab):
@@ -123,4 +123,4 @@ def test_seconds_lets_go(lab):
     holding(proc)
     started = time.monotonic()
     assert proc.wait(timeout=10) == 0 and time.monotonic() - started < 5
-    assert ssh.gpu_state(runner=lab["run"])["processes"] == []
+    assert server_holders.gpu_state(runner=lab["run"])["processes"] == []

@@ -13,7 +13,7 @@ import pytest
 import sglang_server_converged as module  # plugins/modules (tests/unit/conftest.py)
 from ansible.errors import AnsibleActionFail
 from ansible_collections.gpufleet.fleet.plugins.action import sglang_server_converged as action
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import show_properties
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_systemd import show_properties
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "plugins" / "filter"))
 from sglang_restart_plan import sglang_converged_summary, sglang_unconverged_hosts  # noqa: E402

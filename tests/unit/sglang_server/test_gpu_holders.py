@@ -23,7 +23,7 @@ from ansible_collections.gpufleet.fleet.plugins.filter import gpu_facts_filters 
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpu_facts_collect as gfc  # noqa: E402
 from ansible_collections.gpufleet.fleet.plugins.module_utils import nvidia_smi_parse as nsp  # noqa: E402
 from ansible_collections.gpufleet.fleet.plugins.module_utils import procfs  # noqa: E402
-from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_host as ssh  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_holders as server_holders  # noqa: E402
 from gpu_facts_helpers import device_facts  # noqa: E402
 
 CAPTURE = REPO / "tests" / "unit" / "fixtures" / "h200-device" / "gpu-holder"
@@ -37,7 +37,7 @@ COMMAND = (
 
 
 def probe_runner(state):
-    """nvidia-smi as sglang_server_host.gpu_state calls it, answered from one captured state."""
+    """nvidia-smi as sglang_server_holders.gpu_state calls it, answered from one captured state."""
 
     def run(argv, timeout=60):
         query = argv[1]
@@ -51,8 +51,8 @@ def probe_runner(state):
 
 
 def probe(state):
-    gs = ssh.gpu_state(runner=probe_runner(state))
-    ours, foreign = ssh.classify_gpu_processes(gs["processes"], UNIT, proc_root=PROC, name_of=USERS)
+    gs = server_holders.gpu_state(runner=probe_runner(state))
+    ours, foreign = server_holders.classify_gpu_processes(gs["processes"], UNIT, proc_root=PROC, name_of=USERS)
     return gs, ours, foreign
 
 
@@ -64,11 +64,13 @@ def test_probe_names_the_live_holder_by_pid_user_and_command():
         (457, True, 1001, "intruder", "")
     ]
     assert foreign[0]["cmdline"] == COMMAND
-    text = ssh.describe_processes(foreign)
+    text = server_holders.describe_processes(foreign)
     assert text == (
         f"pid 457 (/opt/torch/.venv/bin/python3, user intruder, command `{COMMAND}`, GPUs 0, 21090 MiB, unit none)"
     )
-    assert ssh.holders_remedy(foreign).startswith("pid 457: ask user intruder to end it or, as root, kill 457;")
+    assert server_holders.holders_remedy(foreign).startswith(
+        "pid 457: ask user intruder to end it or, as root, kill 457;"
+    )
 
 
 def test_probe_sees_nothing_before_and_after_the_holder():
@@ -76,7 +78,7 @@ def test_probe_sees_nothing_before_and_after_the_holder():
         gs, ours, foreign = probe(state)
         assert gs["processes"] == [] and ours == [] and foreign == []
         assert gs["gpus"][0]["memory_used_mib"] == 0
-        assert ssh.describe_processes(foreign) == "" and ssh.holders_remedy(foreign) == ""
+        assert server_holders.describe_processes(foreign) == "" and server_holders.holders_remedy(foreign) == ""
 
 
 def test_a_dying_holder_is_listed_as_no_data_and_counts_as_gone():
@@ -84,8 +86,8 @@ def test_a_dying_holder_is_listed_as_no_data_and_counts_as_gone():
     gs, ours, foreign = probe("dying")
     assert gs["processes"] == [{"pid": 522, "gpu_index": 0, "used_memory_mib": 21090, "name": "[No data]"}]
     assert ours == [] and [(f["pid"], f["alive"], f["user"]) for f in foreign] == [(522, False, None)]
-    assert "process gone" in ssh.describe_processes(foreign)
-    assert "a dying process frees it within about 0.3 s" in ssh.holders_remedy(foreign)
+    assert "process gone" in server_holders.describe_processes(foreign)
+    assert "a dying process frees it within about 0.3 s" in server_holders.holders_remedy(foreign)
     # 0.2 s after the signal memory.used was 0 while the row was still listed
     gs, _ours, foreign = probe("dying-released")
     assert gs["gpus"][0]["memory_used_mib"] == 0 and [f["pid"] for f in foreign] == [522]
@@ -139,10 +141,10 @@ def test_a_holder_inside_an_unrelated_service_is_killed_not_its_service():
     """On the lab (no logind sessions) a user's job started from an ssh login runs in ssh.service."""
     item = {"pid": 486, "gpu_index": 0, "used_memory_mib": 2048, "name": "/usr/bin/python3", "alive": True}
     item |= {"unit": "ssh.service", "user": "intruder", "cmdline": "/usr/bin/python3 /usr/local/bin/gpusim-hold"}
-    remedy = ssh.holders_remedy([item, dict(item, gpu_index=1)])
+    remedy = server_holders.holders_remedy([item, dict(item, gpu_index=1)])
     assert remedy.startswith("pid 486: ask user intruder to end it or, as root, kill 486; then check")
-    assert "systemctl stop" not in remedy and remedy.endswith(ssh.RESTARTED_BY_UNIT)
-    assert ssh.RESTARTED_BY_UNIT == gff.RESTARTED_BY_UNIT
+    assert "systemctl stop" not in remedy and remedy.endswith(server_holders.RESTARTED_BY_UNIT)
+    assert server_holders.RESTARTED_BY_UNIT == gff.RESTARTED_BY_UNIT
 
 
 def test_preflight_merges_a_holder_of_several_gpus_and_names_a_gone_one():
@@ -180,7 +182,7 @@ def test_command_lines_never_show_secrets(argv, secret):
     shown = procfs.redact_cmdline(argv)
     assert secret not in shown and "***" in shown, shown
     # both roles' readers show command lines through the one procfs copy
-    assert gfc.redact_cmdline is ssh.redact_cmdline is procfs.redact_cmdline
+    assert gfc.redact_cmdline is procfs.redact_cmdline and server_holders.pid_cmdline is procfs.pid_cmdline
 
 
 def test_command_lines_keep_ordinary_options_and_are_bounded():
@@ -191,15 +193,15 @@ def test_command_lines_keep_ordinary_options_and_are_bounded():
 
 
 def test_user_of_a_gone_process_is_unknown(tmp_path):
-    assert ssh.pid_user(999999, proc_root=str(tmp_path)) == (None, None)
+    assert procfs.pid_user(999999, proc_root=str(tmp_path)) == (None, None)
     assert gfc._proc_info(999999, proc_root=str(tmp_path))["alive"] is False
     (tmp_path / "5").mkdir()
     (tmp_path / "5" / "status").write_text("Name:\tpython3\nState:\tZ (zombie)\nUid:\t1001\t1001\t1001\t1001\n")
-    assert ssh.pid_alive(5, proc_root=str(tmp_path)) is False
+    assert procfs.pid_alive(5, proc_root=str(tmp_path)) is False
     assert gfc._proc_info(5, proc_root=str(tmp_path))["alive"] is False
 
 
 def test_the_running_process_reads_as_its_own_user():
-    uid, name = ssh.pid_user(os.getpid())
+    uid, name = procfs.pid_user(os.getpid())
     assert uid == os.getuid() and name
-    assert ssh.pid_alive(os.getpid())
+    assert procfs.pid_alive(os.getpid())

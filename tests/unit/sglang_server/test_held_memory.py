@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server_kept as kept
-from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_host as ssh
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_holders as server_holders
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_manifest as server_manifest
 
 
 def snap(used, ours=(), foreign=(), unit_pids=()):
@@ -35,21 +36,21 @@ LIVE = {
 
 def test_a_leak_of_the_stopped_version_names_the_gone_pid_and_is_caused_by_the_stop():
     before = snap({0: 85000}, ours=[dict(GONE, alive=True, unit="sglang-server.service")])
-    held = ssh.held_memory(snap({0: 85000}, foreign=[GONE]), 512, before)
+    held = server_holders.held_memory(snap({0: 85000}, foreign=[GONE]), 512, before)
     assert held["gpus"] == [0] and held["gone_pids"] == [4100] and held["live_pids"] == []
     assert "pid 4100 (sglang::scheduler_TP0, GPUs 0, 85000 MiB, process gone: leaked allocation)" in held["text"]
     assert held["caused_by_stop"] is True
 
 
 def test_memory_with_no_process_is_held_by_the_driver():
-    held = ssh.held_memory(snap({0: 10, 1: 90000}), 512, snap({0: 10, 1: 10}))
+    held = server_holders.held_memory(snap({0: 10, 1: 90000}), 512, snap({0: 10, 1: 10}))
     assert held["gpus"] == [1] and held["no_process_gpus"] == [1]
     assert held["text"] == "GPU 1: 90000 MiB used, no process: memory held by the driver"
     assert held["caused_by_stop"] is True
 
 
 def test_a_live_holder_is_named_with_user_and_command_and_blocks_a_reset():
-    held = ssh.held_memory(snap({1: 2048}, foreign=[LIVE]), 512, snap({1: 2048}, foreign=[LIVE]))
+    held = server_holders.held_memory(snap({1: 2048}, foreign=[LIVE]), 512, snap({1: 2048}, foreign=[LIVE]))
     assert held["live_pids"] == [4242]
     assert "user intruder" in held["text"] and "gpusim-hold --gpus 1" in held["text"]
     assert held["caused_by_stop"] is False  # it held the GPU before the stop: not the stopped version's doing
@@ -64,17 +65,17 @@ def test_record_stop_marks_only_the_stopped_version(tmp_path):
     lkg = write_manifest(tmp_path / "lkg.json")
     other = write_manifest(tmp_path / "prev.json", unit_sha256="def")
     held = {"text": "pid 4100 (...)", "caused_by_stop": True}
-    assert ssh.record_stop([str(lkg), str(other), str(tmp_path / "none.json")], "abc", False, held, 1.0, 10.0) == [
-        str(lkg)
-    ]
+    assert server_manifest.record_stop(
+        [str(lkg), str(other), str(tmp_path / "none.json")], "abc", False, held, 1.0, 10.0
+    ) == [str(lkg)]
     assert json.loads(lkg.read_text())["stopped_cleanly"] is False
     assert json.loads(lkg.read_text())["last_stop"]["held"] == "pid 4100 (...)"
     assert json.loads(other.read_text())["stopped_cleanly"] is None
     # once seen to leak, a clean stop later does not make it a rollback target again
-    ssh.record_stop([str(lkg)], "abc", True, {}, 2.0, 0.1)
+    server_manifest.record_stop([str(lkg)], "abc", True, {}, 2.0, 0.1)
     assert json.loads(lkg.read_text())["stopped_cleanly"] is False
     fresh = write_manifest(tmp_path / "fresh.json")
-    ssh.record_stop([str(fresh)], "abc", True, {}, 2.0, 0.1)
+    server_manifest.record_stop([str(fresh)], "abc", True, {}, 2.0, 0.1)
     assert json.loads(fresh.read_text())["stopped_cleanly"] is True
 
 

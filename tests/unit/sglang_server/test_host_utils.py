@@ -1,6 +1,6 @@
-"""plugins/module_utils/sglang_server_host.py over captures from a lab host (systemctl show, ss, journalctl -o json,
-/proc/<pid>/cgroup: tests/unit/fixtures/sglang-server-lab/), a fake /proc tree, the lab's simulated
-nvidia-smi (same formats as the real one) and a loopback HTTP server."""
+"""plugins/module_utils/sglang_server_{command,systemd,journal,holders,http}.py and procfs.py over captures from a
+lab host (systemctl show, ss, journalctl -o json, /proc/<pid>/cgroup: tests/unit/fixtures/sglang-server-lab/), a
+fake /proc tree, the lab's simulated nvidia-smi (same formats as the real one) and a loopback HTTP server."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ import json
 import threading
 
 import pytest
-from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_host as h
+from ansible_collections.gpufleet.fleet.plugins.module_utils import procfs
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_command as server_command
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_holders as server_holders
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_http as server_http
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_journal as server_journal
+from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_systemd as server_systemd
 from conftest import LAB_CAPTURES, REPO
 
 UNIT = "sglang-server.service"
@@ -46,8 +51,8 @@ def fake_proc(root, pid, cgroup: str, state="S", cmdline=b"python3\0-m\0x\0"):
 
 def test_unit_state_of_a_running_server_from_systemctl_show():
     calls = []
-    argv = ("systemctl", "show", UNIT, "--property=" + ",".join(h.UNIT_PROPS))
-    state = h.unit_state(UNIT, runner=replay({argv: capture("systemctl-show-active.txt")}, calls))
+    argv = ("systemctl", "show", UNIT, "--property=" + ",".join(server_systemd.UNIT_PROPS))
+    state = server_systemd.unit_state(UNIT, runner=replay({argv: capture("systemctl-show-active.txt")}, calls))
     assert calls == [list(argv)]
     assert state["active_state"] == "active" and state["sub_state"] == "running"
     assert state["main_pid"] == 317 and state["n_restarts"] == 0
@@ -58,16 +63,16 @@ def test_unit_state_of_a_running_server_from_systemctl_show():
 
 
 def test_unit_state_when_systemctl_fails_is_unknown_with_the_error():
-    argv = ("systemctl", "show", UNIT, "--property=" + ",".join(h.UNIT_PROPS))
+    argv = ("systemctl", "show", UNIT, "--property=" + ",".join(server_systemd.UNIT_PROPS))
     err = "System has not been booted with systemd as init system (PID 1). Can't operate.\n"
-    state = h.unit_state(UNIT, runner=replay({argv: (1, "", err)}))
+    state = server_systemd.unit_state(UNIT, runner=replay({argv: (1, "", err)}))
     assert state["active_state"] == "unknown" and state["main_pid"] == 0 and state["n_restarts"] == 0
     assert state["error"].startswith("System has not been booted with systemd")
 
 
 def test_run_reports_a_missing_program_and_a_timeout():
-    assert h.run(["/nonexistent/program"])[0] == 127
-    rc, _out, err = h.run(["sleep", "5"], timeout=0.2)
+    assert server_command.run(["/nonexistent/program"])[0] == 127
+    rc, _out, err = server_command.run(["sleep", "5"], timeout=0.2)
     assert rc == 124 and "timed out" in err
 
 
@@ -77,16 +82,16 @@ def test_run_reports_a_missing_program_and_a_timeout():
 def test_pid_unit_reads_the_unit_from_a_hybrid_cgroup_file(tmp_path):
     fake_proc(tmp_path, 317, capture("proc-cgroup-unit.txt"))
     fake_proc(tmp_path, 1, capture("proc-cgroup-init.txt"))
-    assert h.pid_unit(317, str(tmp_path)) == UNIT
-    assert h.pid_unit(1, str(tmp_path)) == "init.scope"
-    assert h.pid_unit(4242, str(tmp_path)) is None  # gone
+    assert procfs.pid_unit(317, str(tmp_path)) == UNIT
+    assert procfs.pid_unit(1, str(tmp_path)) == "init.scope"
+    assert procfs.pid_unit(4242, str(tmp_path)) is None  # gone
 
 
 def test_pid_unit_of_a_user_session_and_of_no_unit(tmp_path):
     fake_proc(tmp_path, 10, "0::/user.slice/user-0.slice/session-3.scope\n")
     fake_proc(tmp_path, 11, "0::/\n")
-    assert h.pid_unit(10, str(tmp_path)) == "session-3.scope"
-    assert h.pid_unit(11, str(tmp_path)) == ""
+    assert procfs.pid_unit(10, str(tmp_path)) == "session-3.scope"
+    assert procfs.pid_unit(11, str(tmp_path)) == ""
 
 
 def test_unit_pids_lists_live_processes_of_the_unit_only(tmp_path):
@@ -95,15 +100,15 @@ def test_unit_pids_lists_live_processes_of_the_unit_only(tmp_path):
     fake_proc(tmp_path, 330, "0::/system.slice/sglang-server.service\n", state="Z")  # zombie: not alive
     fake_proc(tmp_path, 400, "0::/system.slice/foreign-listener.service\n")
     (tmp_path / "self").mkdir()
-    assert h.unit_pids(UNIT, str(tmp_path)) == [317, 321]
-    assert h.pid_alive(317, str(tmp_path)) and not h.pid_alive(330, str(tmp_path))
-    assert h.unit_pids(UNIT, str(tmp_path / "missing")) == []
+    assert procfs.unit_pids(UNIT, str(tmp_path)) == [317, 321]
+    assert procfs.pid_alive(317, str(tmp_path)) and not procfs.pid_alive(330, str(tmp_path))
+    assert procfs.unit_pids(UNIT, str(tmp_path / "missing")) == []
 
 
 def test_pid_cmdline_joins_argv(tmp_path):
     fake_proc(tmp_path, 5, "0::/\n", cmdline=b"/opt/ml-env/releases/a/bin/python\0-m\0sglang.launch_server\0")
-    assert h.pid_cmdline(5, str(tmp_path)) == "/opt/ml-env/releases/a/bin/python -m sglang.launch_server"
-    assert h.pid_cmdline(6, str(tmp_path)) == ""
+    assert procfs.pid_cmdline(5, str(tmp_path)) == "/opt/ml-env/releases/a/bin/python -m sglang.launch_server"
+    assert procfs.pid_cmdline(6, str(tmp_path)) == ""
 
 
 # ---------------------------------------------------------------- GPUs (nvidia-smi formats)
@@ -125,7 +130,7 @@ def test_gpu_state_maps_processes_to_gpu_indexes():
         GPU_ARGV: f"0, {UUIDS[0]}, 41487\n1, {UUIDS[1]}, 41487\n",
         APPS_ARGV: f"1939, {UUIDS[0]}, 41478, python3\n1939, {UUIDS[1]}, 41478, python3\n",
     }
-    gs = h.gpu_state(runner=replay(outputs))
+    gs = server_holders.gpu_state(runner=replay(outputs))
     assert gs["gpus"] == {
         0: {"uuid": UUIDS[0], "memory_used_mib": 41487},
         1: {"uuid": UUIDS[1], "memory_used_mib": 41487},
@@ -141,7 +146,7 @@ def test_gpu_state_reads_not_available_memory_as_zero_and_skips_junk_rows():
         GPU_ARGV: f"0, {UUIDS[0]}, [N/A]\n\n",
         APPS_ARGV: f"1939, {UUIDS[0]}, [N/A], python3\nNo running processes found\n",
     }
-    gs = h.gpu_state(runner=replay(outputs))
+    gs = server_holders.gpu_state(runner=replay(outputs))
     assert gs["gpus"][0]["memory_used_mib"] == 0
     assert gs["processes"] == [{"pid": 1939, "gpu_index": 0, "used_memory_mib": 0, "name": "python3"}]
 
@@ -149,7 +154,7 @@ def test_gpu_state_reads_not_available_memory_as_zero_and_skips_junk_rows():
 def test_gpu_state_raises_with_nvidia_smi_s_message():
     msg = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"
     with pytest.raises(RuntimeError, match="couldn't communicate with the NVIDIA driver"):
-        h.gpu_state(runner=replay({GPU_ARGV: (9, msg, "")}))
+        server_holders.gpu_state(runner=replay({GPU_ARGV: (9, msg, "")}))
 
 
 def test_gpu_state_over_the_lab_nvidia_smi(tmp_path):
@@ -166,7 +171,7 @@ def test_gpu_state_over_the_lab_nvidia_smi(tmp_path):
                               capture_output=True, text=True, env=env, check=False)  # fmt: skip
         return proc.returncode, proc.stdout, proc.stderr
 
-    gs = h.gpu_state(runner=run)
+    gs = server_holders.gpu_state(runner=run)
     assert sorted(gs["gpus"]) == [0, 1] and all(g["uuid"].startswith("GPU-") for g in gs["gpus"].values())
     assert gs["processes"] == []
 
@@ -180,14 +185,14 @@ def test_classify_splits_ours_foreign_and_leaked(tmp_path):
         {"pid": 777, "gpu_index": 1, "used_memory_mib": 50000, "name": "sglang::scheduler_TP1"},  # gone
         {"pid": 900, "gpu_index": 5, "used_memory_mib": 2000, "name": "python3"},  # not a server GPU
     ]
-    ours, foreign = h.classify_gpu_processes(procs, UNIT, gpus=[0, 1], proc_root=str(tmp_path))
+    ours, foreign = server_holders.classify_gpu_processes(procs, UNIT, gpus=[0, 1], proc_root=str(tmp_path))
     assert [p["pid"] for p in ours] == [321] and ours[0]["unit"] == UNIT
     assert [(p["pid"], p["alive"], p["unit"]) for p in foreign] == [
         (900, True, "session-4.scope"),
         (777, False, None),
     ]
     assert foreign[0]["cmdline"] == "python3 train.py"
-    text = h.describe_processes(foreign)
+    text = server_holders.describe_processes(foreign)
     assert text == (
         "pid 777 (sglang::scheduler_TP1, GPUs 1, 50000 MiB, process gone: leaked allocation); "
         "pid 900 (python3, user root, command `python3 train.py`, GPUs 1, 2000 MiB, unit session-4.scope)"
@@ -199,7 +204,9 @@ def test_describe_merges_one_pid_over_several_gpus():
         {"pid": 1939, "gpu_index": 1, "used_memory_mib": 41478, "name": "python3", "alive": True, "unit": None},
         {"pid": 1939, "gpu_index": 0, "used_memory_mib": 41478, "name": "python3", "alive": True, "unit": None},
     ]
-    assert h.describe_processes(items) == "pid 1939 (python3, user unknown, GPUs 0,1, 82956 MiB, unit none)"
+    assert (
+        server_holders.describe_processes(items) == "pid 1939 (python3, user unknown, GPUs 0,1, 82956 MiB, unit none)"
+    )
 
 
 def test_not_released_message_names_the_holders():
@@ -211,12 +218,12 @@ def test_not_released_message_names_the_holders():
         ],
         "gpu_memory_used_mib": {"0": 50384, "1": 384},
     }
-    msg = h.not_released_message(snap, UNIT, 10.04, 512)
+    msg = server_holders.not_released_message(snap, UNIT, 10.04, 512)
     assert msg.startswith("GPU memory not released 10.0 s after stopping sglang-server.service: ")
     assert "pid 777 (sglang::scheduler_TP0, GPUs 0, 50000 MiB, process gone: leaked allocation)" in msg
     assert "GPU reset or a reboot" in msg
     snap2 = {"unit_pids": [321], "gpu_ours": [], "gpu_foreign": [], "gpu_memory_used_mib": {"0": 9000}}
-    msg2 = h.not_released_message(snap2, UNIT, 3, 512)
+    msg2 = server_holders.not_released_message(snap2, UNIT, 3, 512)
     assert "processes still in sglang-server.service: [321]" in msg2
     assert "GPU memory used with no process listed: {'0': 9000} MiB" in msg2
 
@@ -226,13 +233,13 @@ def test_not_released_message_names_the_holders():
 
 def test_listeners_from_ss_output():
     argv = ("ss", "-ltnpH", "sport = :8000")
-    got = h.listeners(8000, runner=replay({argv: capture("ss-ltnpH-8000.txt")}))
+    got = server_holders.listeners(8000, runner=replay({argv: capture("ss-ltnpH-8000.txt")}))
     assert got == [{"local": "0.0.0.0:8000", "pids": [317]}]
     # a listener of another network namespace or user shows no process: it is still a listener
-    assert h.listeners(8000, runner=replay({argv: "LISTEN 0 4096 [::]:8000 [::]:*\n"})) == [
+    assert server_holders.listeners(8000, runner=replay({argv: "LISTEN 0 4096 [::]:8000 [::]:*\n"})) == [
         {"local": "[::]:8000", "pids": []}
     ]
-    assert h.listeners(8000, runner=replay({argv: (1, "", "ss: not found")})) == []
+    assert server_holders.listeners(8000, runner=replay({argv: (1, "", "ss: not found")})) == []
 
 
 # ---------------------------------------------------------------- journal and start-up phases
@@ -242,12 +249,14 @@ def test_journal_lines_of_one_start_and_its_phase_timeline():
     calls = []
     inv = "fbf24427cb1d4dae8c4ac9fbdc5a171c"
     argv = ("journalctl", "--no-pager", "-o", "json", f"_SYSTEMD_INVOCATION_ID={inv}")
-    entries = h.journal_lines(UNIT, inv, runner=replay({argv: capture("journal-start-ready.jsonl")}, calls))
+    entries = server_journal.journal_lines(
+        UNIT, inv, runner=replay({argv: capture("journal-start-ready.jsonl")}, calls)
+    )
     assert calls == [list(argv)]
     assert len(entries) == 51
     assert all(isinstance(ts, float) and ts > 1.7e9 for ts, _ in entries)
     assert [ts for ts, _ in entries] == sorted(ts for ts, _ in entries)
-    timeline = h.phase_timeline(entries)
+    timeline = server_journal.phase_timeline(entries)
     phases = [t["phase"] for t in timeline]
     assert phases[0] == "starting" and phases[-1] == "ready"
     assert phases == [
@@ -259,9 +268,9 @@ def test_journal_lines_of_one_start_and_its_phase_timeline():
         "CUDA graphs captured",
         "ready",
     ]
-    assert h.current_phase(timeline) == "ready"
-    assert h.current_phase(h.phase_timeline(entries[:5])) != "ready"
-    assert h.current_phase([]) == "process started"
+    assert server_journal.current_phase(timeline) == "ready"
+    assert server_journal.current_phase(server_journal.phase_timeline(entries[:5])) != "ready"
+    assert server_journal.current_phase([]) == "process started"
 
 
 def test_journal_lines_of_a_start_also_match_its_main_process():
@@ -274,18 +283,20 @@ def test_journal_lines_of_a_start_also_match_its_main_process():
         "journalctl", "--no-pager", "-o", "json",
         f"_SYSTEMD_INVOCATION_ID={inv}", "+", "_PID=4242", "--since=@1764521683",
     )  # fmt: skip
-    entries = h.journal_lines(UNIT, inv, runner=replay({argv: line}, calls), main_pid=4242, since=1764521683.6)
+    entries = server_journal.journal_lines(
+        UNIT, inv, runner=replay({argv: line}, calls), main_pid=4242, since=1764521683.6
+    )
     assert calls == [list(argv)]
     assert entries == [(1764521684.0, "RuntimeError: x")]
     # no main process known (0): the invocation alone, as before
-    assert h.journal_match(UNIT, inv, 0, 1764521683.6) == [f"_SYSTEMD_INVOCATION_ID={inv}"]
+    assert server_journal.journal_match(UNIT, inv, 0, 1764521683.6) == [f"_SYSTEMD_INVOCATION_ID={inv}"]
     # the rollback's excerpt (filter sglang_journal_match): the start as systemd prints it; no invocation known,
     # the unit since the stop
     started = "Mon 2026-12-01 03:55:32 UTC"
-    assert h.journal_match(UNIT, inv, 4242, started) == [
+    assert server_journal.journal_match(UNIT, inv, 4242, started) == [
         f"_SYSTEMD_INVOCATION_ID={inv}", "+", "_PID=4242", f"--since={started}"
     ]  # fmt: skip
-    assert h.journal_match(UNIT, "", 0, "", 1764521683.6) == ["-u", UNIT, "--since=@1764521683"]
+    assert server_journal.journal_match(UNIT, "", 0, "", 1764521683.6) == ["-u", UNIT, "--since=@1764521683"]
 
 
 def test_journal_lines_decode_binary_messages_and_skip_bad_lines():
@@ -297,7 +308,7 @@ def test_journal_lines_decode_binary_messages_and_skip_bad_lines():
             json.dumps({"__REALTIME_TIMESTAMP": "1764521685000000", "MESSAGE": None}),
         ]
     )
-    entries = h.journal_lines(UNIT, runner=replay({argv: raw}), lines=5)
+    entries = server_journal.journal_lines(UNIT, runner=replay({argv: raw}), lines=5)
     assert entries == [(1764521684.0, "café \x1b[0m ok"), (1764521685.0, "")]
 
 
@@ -309,7 +320,7 @@ def test_phase_timeline_keeps_the_first_time_of_each_phase_and_sees_the_drain():
         (4.0, "The server is fired up and ready to roll!"),
         (9.0, "Gracefully exiting... Remaining number of requests 0"),
     ]
-    timeline = h.phase_timeline(entries)
+    timeline = server_journal.phase_timeline(entries)
     assert timeline == [
         {"phase": "starting", "at": 1.0},
         {"phase": "loading weights", "at": 2.0},
@@ -352,10 +363,10 @@ def server():
 
 
 def test_http_status_body_and_errors(server):
-    assert h.http("GET", server + "/health")[:2] == (200, "")
-    status, text, _ = h.http("GET", server + "/v1/models")
+    assert server_http.http("GET", server + "/health")[:2] == (200, "")
+    status, text, _ = server_http.http("GET", server + "/v1/models")
     assert status == 401 and json.loads(text) == {"error": "Unauthorized"}
-    status, text, _ = h.http("POST", server + "/x", body={"a": 1}, headers={"Authorization": "Bearer k"})
+    status, text, _ = server_http.http("POST", server + "/x", body={"a": 1}, headers={"Authorization": "Bearer k"})
     assert status == 200 and json.loads(text) == {"echo": {"a": 1}, "auth": "Bearer k"}
-    status, text, _ = h.http("GET", "http://127.0.0.1:9/health", timeout=2)  # nothing listens on port 9
+    status, text, _ = server_http.http("GET", "http://127.0.0.1:9/health", timeout=2)  # nothing listens on port 9
     assert status == 0 and "refused" in text.lower()

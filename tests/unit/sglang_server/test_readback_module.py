@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import sglang_server_readback as mod
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_host import env_readback, show_properties
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_readback import env_readback
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_systemd import show_properties
 
 SHOW = 'MainPID=4242\nEnvironment="CUDA_HOME=/usr/local/cuda 12" NCCL_P2P_LEVEL=PHB NCCL_IB_DISABLE=1\n'
 ENVIRON = b"HF_TOKEN=hf_secret\0SGLANG_SERVER_API_KEY=sk-lab\0NCCL_MIN_NCHANNELS=8\0NCCL_SHM_DISABLE=1\0"
