@@ -53,10 +53,11 @@ def sglang_comm_flags(comm, overrides=None):
             "--disable-custom-all-reduce: SGLang's custom all-reduce needs GPU peer access (CUDA IPC); "
             "without P2P it must not be tried, NCCL does the all-reduce"
         )
-    sources = dict.fromkeys(flags, f"gpu_facts_comm.profile={profile}")
+    # the sources' words are gpu_comm_settings' (the deploy report shows both together): facts or inventory
+    sources = dict.fromkeys(flags, "facts")
     for key, value in overrides.items():
         key = str(key).lstrip("-")
-        sources[key] = OVERRIDES
+        sources[key] = "inventory"
         if value is None:
             flags.pop(key, None)
             removed.append(key)

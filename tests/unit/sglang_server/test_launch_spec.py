@@ -53,7 +53,7 @@ def test_the_seed_machine_without_p2p_gets_custom_all_reduce_off(rtx):
     comm = gff.gpu_comm_settings(rtx, {}, 1)
     out = sl.sglang_comm_flags(comm)
     assert out["flags"] == {"disable-custom-all-reduce": True}
-    assert out["sources"] == {"disable-custom-all-reduce": "gpu_facts_comm.profile=no-p2p"}
+    assert out["sources"] == {"disable-custom-all-reduce": "facts"}
     assert out["warnings"] == [] and any("CUDA IPC" in r for r in out["reasons"])
 
 
@@ -65,7 +65,7 @@ def test_overrides_set_and_remove_with_provenance_and_removing_the_guard_warns(r
     comm = gff.gpu_comm_settings(rtx, {}, 1)
     out = sl.sglang_comm_flags(comm, {"enable-flashinfer-allreduce-fusion": True})
     assert out["flags"] == {"disable-custom-all-reduce": True, "enable-flashinfer-allreduce-fusion": True}
-    assert out["sources"]["enable-flashinfer-allreduce-fusion"] == "sglang_server_comm_flags_overrides"
+    assert out["sources"]["enable-flashinfer-allreduce-fusion"] == "inventory"
     out = sl.sglang_comm_flags(comm, {"disable-custom-all-reduce": None})
     assert out["flags"] == {} and out["removed"] == ["disable-custom-all-reduce"]
     assert any("custom all-reduce needs peer access" in w for w in out["warnings"])
