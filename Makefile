@@ -78,7 +78,7 @@ lab-cuda-mirror:
 lab-testhub:
 	python -m gpufleet_lab --name $(LAB) testhub up
 
-# The lab's ml-env wheelhouse on the controller (simulated engine wheel, uv, small wheels) for ml_env.
+# The lab's ml-env wheelhouse on the controller (simulated engine wheel + PyYAML wheel, uv, small wheels) for ml_env.
 lab-wheelhouse:
 	.venv/bin/python locks/update_locks.py wheelhouse
 

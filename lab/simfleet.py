@@ -1,10 +1,11 @@
 """Lab equipment: the simulated engine installed as a host's "ml-env release", for tests and benchmarks of the
 stages after ml_env (sglang_server, serving_bench) without the CUDA mirror, test hub and wheelhouse.
 
-On a lab host: ``sglang_sim`` (lab/sglang-sim) in the system Python's dist-packages, ``/opt/ml-env/releases/sim``
-whose ``bin/python`` is /usr/bin/python3 (``current`` points at it), and the test hub model's tokenizer files
-in ``/srv/models/glm-5-sim`` (the model directory bench_serving's tokenizer comes from). ``GROUP_VARS`` is an
-inventory for playbooks/deploy_server.yml that serves the seed's served name with it.
+On a lab host: ``sglang_sim`` (lab/sglang-sim) and PyYAML, its dependency (the files of the PyYAML wheel pinned
+in locks/update_locks.py: CPython 3.11, Debian 12's python3), in the system Python's dist-packages,
+``/opt/ml-env/releases/sim`` whose ``bin/python`` is /usr/bin/python3 (``current`` points at it), and the test
+hub model's tokenizer files in ``/srv/models/glm-5-sim`` (the model directory bench_serving's tokenizer comes
+from). ``GROUP_VARS`` is an inventory for playbooks/deploy_server.yml that serves the seed's served name with it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import json
 import subprocess
 import sys
 import tarfile
+import time
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,9 +56,28 @@ def tokenizer_files() -> dict[str, bytes]:
     return out | {"config.json": json.dumps(MODEL_CONFIG).encode()}
 
 
+def pyyaml_wheel() -> Path:
+    """The simulator's dependency: the pinned PyYAML wheel (sha256 checked), cached in the lab wheelhouse."""
+    sys.path.insert(0, str(ROOT / "locks"))
+    import update_locks
+
+    return update_locks.fetch_pyyaml_wheel(update_locks.DEFAULT_WHEELHOUSE)
+
+
+def _add_wheel(tf: tarfile.TarFile, wheel: Path) -> None:
+    """A wheel's files, as ``python -m zipfile -e`` would unpack it into site-packages."""
+    with zipfile.ZipFile(wheel) as zf:
+        for member in zf.infolist():
+            if member.is_dir():
+                continue
+            info = tarfile.TarInfo(member.filename)
+            info.size, info.mode, info.mtime = member.file_size, 0o644, int(time.mktime((*member.date_time, 0, 0, -1)))
+            tf.addfile(info, io.BytesIO(zf.read(member)))
+
+
 def payload(tokenizer: bool = True) -> bytes:
-    """A tar of the simulated engine's package (``sglang_sim/``) and, with ``tokenizer``, the model's tokenizer
-    files (``tokenizer/``)."""
+    """A tar of the simulated engine's package (``sglang_sim/``), PyYAML's files (``yaml/``, ``_yaml/``, its
+    dist-info) and, with ``tokenizer``, the model's tokenizer files (``tokenizer/``)."""
     tar = io.BytesIO()
     with tarfile.open(fileobj=tar, mode="w") as tf:
         tf.add(
@@ -63,6 +85,7 @@ def payload(tokenizer: bool = True) -> bytes:
             "sglang_sim",
             filter=lambda t: None if "__pycache__" in t.name else t,
         )
+        _add_wheel(tf, pyyaml_wheel())
         for name, data in (tokenizer_files() if tokenizer else {}).items():
             info = tarfile.TarInfo(f"tokenizer/{name}")
             info.size = len(data)
@@ -74,8 +97,8 @@ INSTALL = (
     "set -e; d=/usr/lib/python3/dist-packages; mkdir -p " + MODEL_DIR + " /opt/ml-env/releases/sim/bin; "
     "tar -x -C $d; mv $d/tokenizer/* " + MODEL_DIR + "/; rmdir $d/tokenizer; "
     "ln -sf /usr/bin/python3 /opt/ml-env/releases/sim/bin/python; "
-    "ln -sfn /opt/ml-env/releases/sim /opt/ml-env/current; python3 -m compileall -q $d/sglang_sim; "
-    "chmod -R a+rX $d/sglang_sim " + MODEL_DIR
+    "ln -sfn /opt/ml-env/releases/sim /opt/ml-env/current; python3 -m compileall -q $d/sglang_sim $d/yaml; "
+    "chmod -R a+rX $d/sglang_sim $d/yaml $d/_yaml $d/pyyaml-*.dist-info " + MODEL_DIR
 )
 
 

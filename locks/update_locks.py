@@ -5,7 +5,8 @@ Each lock is a directory ``locks/<name>/`` with ``requirements.in`` (what we ask
 (Python version, target platform, indexes, resolution date, modules to verify) and
 ``requirements.txt`` (the hashed lock, written by ``uv pip compile --generate-hashes``; never edit it).
 
-  python locks/update_locks.py wheelhouse [--dir DIR]   # lab wheelhouse: sglang-sim wheel + uv wheel
+  python locks/update_locks.py wheelhouse [--dir DIR]   # lab wheelhouse: sglang-sim + PyYAML wheels, uv wheel
+  python locks/update_locks.py sim-wheels --dir DIR     # the sglang-sim wheel and the wheel of its dependency
   python locks/update_locks.py lab                      # rebuild the wheelhouse, rewrite locks/lab-sim
   python locks/update_locks.py production [--name sglang-cu128] [--exclude-newer DATE]
   python locks/update_locks.py check-lab                # the lab lock still matches a fresh wheel build
@@ -45,6 +46,16 @@ UV_WHEEL_SHA256 = "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0ce
 UV_WHEEL_URL = (
     "https://files.pythonhosted.org/packages/3d/aa/"
     "26d64642d808de4a652579ef950d7cd2d37f080a8babf9c67c6b75fc4c3f/" + UV_WHEEL
+)
+# The simulator's one dependency (lab/sglang-sim/pyproject.toml: PyYAML, for --config), PyPI's wheel for CPython
+# 3.11 on x86_64 manylinux: the lab lock's Python and Debian 12's python3 on the lab hosts (the same file and hash
+# as in uv.lock and locks/smg). ml_env installs it from the lab wheelhouse (the lab lock pins it, via sglang-sim);
+# where tests install the simulator without ml_env it is unpacked next to the sglang-sim wheel (sim_wheels).
+PYYAML_WHEEL = "pyyaml-6.0.4-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl"
+PYYAML_WHEEL_SHA256 = "622aa875fa6533f25fedcffe23079357d65a690d462200afed5d8e9d0e01ebee"
+PYYAML_WHEEL_URL = (
+    "https://files.pythonhosted.org/packages/9d/3e/"
+    "c1c307b6c03e4ea7d86f166f14920ead07aecc35e88d873814d12aa2da66/" + PYYAML_WHEEL
 )
 
 
@@ -96,30 +107,58 @@ def build_sim_wheel(out_dir: Path) -> Path:
         return target
 
 
-def fetch_uv_wheel(out_dir: Path) -> Path:
-    """The uv wheel (checked against its pinned sha256), from a cache or PyPI."""
-    target = out_dir / UV_WHEEL
-    if target.exists() and sha256(target) == UV_WHEEL_SHA256:
+def _copy_into(src: Path, target: Path) -> None:
+    """Copy under a private name, then rename: labs and scenarios running at once fill the same cache."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    os.close(fd)
+    shutil.copyfile(src, tmp)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, target)
+
+
+def fetch_pinned_wheel(out_dir: Path, name: str, digest: str, url: str) -> Path:
+    """A wheel checked against its pinned sha256, from out_dir, the lab wheelhouse (a cache) or its URL."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / name
+    if target.exists() and sha256(target) == digest:
         return target
-    cached = DEFAULT_WHEELHOUSE / UV_WHEEL
-    if cached != target and cached.exists() and sha256(cached) == UV_WHEEL_SHA256:
-        shutil.copyfile(cached, target)
-        target.chmod(0o644)
+    cached = DEFAULT_WHEELHOUSE / name
+    if cached != target and cached.exists() and sha256(cached) == digest:
+        _copy_into(cached, target)
         return target
-    tmp = target.with_suffix(".part")
-    print(f"downloading {UV_WHEEL_URL}", file=sys.stderr, flush=True)
-    with urllib.request.urlopen(UV_WHEEL_URL, timeout=120) as response, tmp.open("wb") as handle:
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=out_dir)
+    tmp = Path(tmp_name)
+    print(f"downloading {url}", file=sys.stderr, flush=True)
+    with urllib.request.urlopen(url, timeout=120) as response, os.fdopen(fd, "wb") as handle:
         shutil.copyfileobj(response, handle)
     got = sha256(tmp)
-    if got != UV_WHEEL_SHA256:
+    if got != digest:
         tmp.unlink()
-        raise SystemExit(f"{UV_WHEEL}: sha256 {got} is not the pinned {UV_WHEEL_SHA256}")
-    tmp.rename(target)
-    target.chmod(0o644)
+        raise SystemExit(f"{name}: sha256 {got} is not the pinned {digest}")
+    tmp.chmod(0o644)
+    os.replace(tmp, target)
     if target != cached:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(target, cached)
+        _copy_into(target, cached)
     return target
+
+
+def fetch_uv_wheel(out_dir: Path) -> Path:
+    """The uv wheel (checked against its pinned sha256), from a cache or PyPI."""
+    return fetch_pinned_wheel(out_dir, UV_WHEEL, UV_WHEEL_SHA256, UV_WHEEL_URL)
+
+
+def fetch_pyyaml_wheel(out_dir: Path) -> Path:
+    """The PyYAML wheel the simulator needs (checked against its pinned sha256), from a cache or PyPI."""
+    return fetch_pinned_wheel(out_dir, PYYAML_WHEEL, PYYAML_WHEEL_SHA256, PYYAML_WHEEL_URL)
+
+
+def sim_wheels(out_dir: Path) -> list[Path]:
+    """The simulator as wheels for a lab host's Python 3.11: the sglang-sim wheel and its dependency's (PyYAML).
+    Tests that install it without ml_env unpack both into one site-packages (``python -m zipfile -e``). The sim
+    wheel comes last: Molecule's prepare steps take it as the sign that the directory is complete (``creates``)."""
+    pyyaml = fetch_pyyaml_wheel(out_dir)
+    return [build_sim_wheel(out_dir), pyyaml]
 
 
 # Small pure-Python wheels from PyPI for the lab wheelhouse (lab hosts install from the wheelhouse only).
@@ -151,11 +190,17 @@ def fetch_pypi_wheel(out_dir: Path, name: str, version: str) -> Path:
 
 def cmd_wheelhouse(args) -> int:
     out = Path(args.dir).resolve()
-    sim = build_sim_wheel(out)
+    sim = sim_wheels(out)
     uv = fetch_uv_wheel(out)
     extra = [fetch_pypi_wheel(out, name, version) for name, version in LAB_PYPI_WHEELS]
-    for wheel in (sim, uv, *extra):
+    for wheel in (*sim, uv, *extra):
         print(f"{wheel}  sha256:{sha256(wheel)}")
+    return 0
+
+
+def cmd_sim_wheels(args) -> int:
+    for wheel in sim_wheels(Path(args.dir).resolve()):
+        print(wheel)
     return 0
 
 
@@ -354,7 +399,7 @@ def compile_lock(name: str, find_links: Path | None = None, exclude_newer: str |
 
 def cmd_lab(args) -> int:
     out = Path(args.dir).resolve()
-    build_sim_wheel(out)
+    sim_wheels(out)
     fetch_uv_wheel(out)
     for name, version in LAB_PYPI_WHEELS:
         fetch_pypi_wheel(out, name, version)
@@ -402,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         p.add_argument("--dir", default=str(DEFAULT_WHEELHOUSE), help="wheelhouse directory (default %(default)s)")
         p.set_defaults(func=func)
+    p = sub.add_parser("sim-wheels", help="the sglang-sim wheel and the PyYAML wheel it needs, into --dir")
+    p.add_argument("--dir", required=True, help="output directory")
+    p.set_defaults(func=cmd_sim_wheels)
     p = sub.add_parser("production")
     p.add_argument("--name", default="sglang-cu128")
     p.add_argument("--exclude-newer", help="resolve as of this date (RFC 3339); recorded in lock.yml")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +22,9 @@ import pytest
 from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as filters  # noqa: E402
 from conftest import ROOT, lab, lab_json
 from lab_host import on
+
+sys.path.insert(0, str(ROOT / "locks"))
+import update_locks  # noqa: E402 - the simulator's wheel and its dependency's (PyYAML)
 
 NAME = "fidelity-keys"
 ROLE = ROOT / "roles" / "sglang_server"
@@ -95,19 +98,19 @@ def host(tmp_path_factory):
     result = lab_json("--name", NAME, "up", "--hosts", "1")
     h = result["hosts"][0]
     try:
-        tmp = tmp_path_factory.mktemp("wheel")
-        uv = shutil.which("uv") or str(ROOT / ".venv/bin/uv")
-        subprocess.run([uv, "build", "--wheel", "-q", "-o", str(tmp), str(ROOT / "lab/sglang-sim")], check=True)
-        wheel = next(tmp.glob("sglang_sim-*.whl"))
+        wheels = update_locks.sim_wheels(tmp_path_factory.mktemp("wheels"))  # sglang-sim and PyYAML
         state = json.loads((Path("/var/lib/gpufleet-lab") / NAME / "state.json").read_text())
         root = Path(state["hosts"][h["name"]]["root"])
-        shutil.copyfile(wheel, root / "root/sglang_sim.whl")
+        (root / "root/sim-wheels").mkdir()
+        for wheel in wheels:
+            shutil.copyfile(wheel, root / "root/sim-wheels" / wheel.name)
         (root / "usr/local/libexec/gpufleet").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROLE / "files/sglang-log-redact.py", root / "usr/local/libexec/gpufleet/sglang-log-redact")
         on(
             h,
             f"set -e; python3 -m venv --without-pip {RELEASE}; "
-            f"{RELEASE}/bin/python -m zipfile -e /root/sglang_sim.whl {RELEASE}/lib/python3.11/site-packages; "
+            "for w in /root/sim-wheels/*.whl; do "
+            f"{RELEASE}/bin/python -m zipfile -e $w {RELEASE}/lib/python3.11/site-packages; done; "
             f"{RELEASE}/bin/python -m compileall -q {RELEASE}/lib/python3.11/site-packages; "
             f"chmod -R a+rX {RELEASE} /usr/local/libexec/gpufleet; "
             "id sglang >/dev/null 2>&1 || "

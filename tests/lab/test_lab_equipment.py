@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, lab, lab_json
 from lab_host import health, on
+
+sys.path.insert(0, str(ROOT / "locks"))
+import update_locks  # noqa: E402 - the simulator's wheel and its dependency's (PyYAML)
 
 NAME = "t-equip"
 CAPTURES = ROOT / "tests/unit/fixtures/h200x2-vm"
@@ -63,14 +66,16 @@ def _memory_used(host: dict) -> list[int]:
 
 def test_engine_under_systemd_with_the_seed_flags(hosts, tmp_path):
     seed = hosts["rtx-pro-6000x8-vm"]
-    uv = shutil.which("uv") or str(ROOT / ".venv/bin/uv")
-    subprocess.run([uv, "build", "--wheel", "-q", "-o", str(tmp_path), str(ROOT / "lab/sglang-sim")], check=True)
-    wheel = next(tmp_path.glob("sglang_sim-*.whl"))
     root = Path(
         json.loads((Path("/var/lib/gpufleet-lab") / NAME / "state.json").read_text())["hosts"][seed["name"]]["root"]
     )
-    shutil.copyfile(wheel, root / "root/sglang_sim.whl")
-    on(seed, "python3 -m zipfile -e /root/sglang_sim.whl /opt/sglang-sim")
+    (root / "root/sim-wheels").mkdir()
+    for wheel in update_locks.sim_wheels(tmp_path):  # sglang-sim and PyYAML, unpacked side by side
+        shutil.copyfile(wheel, root / "root/sim-wheels" / wheel.name)
+    on(seed, "for w in /root/sim-wheels/*.whl; do python3 -m zipfile -e $w /opt/sglang-sim; done")
+    assert on(seed, "PYTHONPATH=/opt/sglang-sim python3 -c 'import yaml; print(yaml.__file__)'").strip() == (
+        "/opt/sglang-sim/yaml/__init__.py"
+    )
     on(seed, "cat > /etc/systemd/system/sglang-sim.service && systemctl daemon-reload", stdin=UNIT)
     assert _memory_used(seed) == [0] * 8
 

@@ -1,7 +1,7 @@
 """sglang-sim: gpufleet lab simulator (not SGLang).
 
-A stdlib-only stand-in for ``python -m sglang.launch_server`` (SGLang 0.5.9) used on GPU-less
-lab hosts. See the README next to pyproject.toml.
+A stand-in for ``python -m sglang.launch_server`` (SGLang 0.5.9) used on GPU-less lab hosts: the
+standard library plus PyYAML (for ``--config``). See the README next to pyproject.toml.
 """
 
 __version__ = "0.1.0"

@@ -178,14 +178,15 @@ CONFIG_FRAMES = [
 
 
 def _config_fatal(exc: BaseException) -> SimFatal:
-    module = type(exc).__module__.replace("sglang_sim._vendor.", "")
+    # PyYAML's errors are named like 0.5.9's traceback's last line: yaml.composer.ComposerError, ...
+    module = type(exc).__module__
     name = type(exc).__name__ if module == "builtins" else f"{module}.{type(exc).__name__}"
     return SimFatal(f"{name}: {exc}", CONFIG_FRAMES)
 
 
 def parse_config_yaml(path: str) -> dict[str, Any]:
     """``ConfigArgumentMerger._parse_yaml_config``: suffix check, ``yaml.safe_load`` (PyYAML), a mapping."""
-    from ._vendor import yaml
+    import yaml  # PyYAML: the simulator's one dependency, needed only here
 
     suffix = os.path.splitext(path)[1]
     if suffix.lower() not in (".yaml", ".yml"):

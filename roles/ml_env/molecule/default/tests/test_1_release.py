@@ -28,9 +28,11 @@ def test_release_runs_the_engine_from_the_lock(host):
     out = host.check_output(f"{python} -c 'import sglang_sim, gpufleet_lab_kernel, sys; print(sys.version_info[:2])'")
     assert out == "(3, 11)"
     assert host.run(f"{python} -m sglang_sim.launch_server --help").rc == 0
+    # the simulator's dependency (--config), from the lock, in the release
+    assert host.check_output(f"{python} -c 'import yaml; print(yaml.__version__)'") == "6.0.4"
     # exactly the lock (+ the kernel): nothing else in the venv
     freeze = host.check_output(f"{ROOT}/tools/uv-0.13.9/uv pip freeze --python {python}").split()
-    assert sorted(freeze) == ["gpufleet-lab-kernel==0.1.0", "sglang-sim==0.1.0"]
+    assert sorted(freeze) == ["gpufleet-lab-kernel==0.1.0", "pyyaml==6.0.4", "sglang-sim==0.1.0"]
 
 
 def test_the_release_brings_its_bytecode(host):
