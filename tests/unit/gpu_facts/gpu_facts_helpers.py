@@ -94,3 +94,14 @@ def facts_for(profile, **kwargs):
 def device_facts():
     facts, _raw = gfc.collect(replay_runner(device_raw()), use_nvml=False, read_text=no_files)
     return facts
+
+
+def only_problem(problems, host, kind="errors"):
+    """The one problem of ``kind`` (gpu_preflight_problems' or sglang_launch_problems' output), with every field a
+    refusal must name filled in, for ``host``."""
+    assert len(problems[kind]) == 1, problems[kind]
+    problem = problems[kind][0]
+    for key in ("host", "check", "message", "fact", "variable", "fix", "text"):
+        assert problem[key], key
+    assert problem["host"] == host and problem["text"].startswith(f"{host}: ")
+    return problem

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gpu_facts_helpers import device_facts, facts_for, gff
+from gpu_facts_helpers import device_facts, facts_for, gff, only_problem
 
 HOST = "gpu-07"
 
@@ -62,12 +62,7 @@ def check(facts, **kw):
 
 
 def only(problems, kind="errors"):
-    assert len(problems[kind]) == 1, problems[kind]
-    problem = problems[kind][0]
-    for key in ("host", "check", "message", "fact", "variable", "fix", "text"):
-        assert problem[key], key
-    assert problem["host"] == HOST and problem["text"].startswith(f"{HOST}: ")
-    return problem
+    return only_problem(problems, HOST, kind)
 
 
 def test_old_driver_is_refused_for_cuda_12_8(old):

@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO / "tests" / "unit" / "gpu_facts"))
 
 from ansible_collections.gpufleet.fleet.plugins.filter import sglang_launch as sl  # noqa: E402
 from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as sgf  # noqa: E402
-from gpu_facts_helpers import device_facts, facts_for, gff  # noqa: E402
+from gpu_facts_helpers import device_facts, facts_for, gff, only_problem  # noqa: E402
 
 HOST = "gpu-07"
 
@@ -38,12 +38,7 @@ def check(facts, flags):
 
 
 def only(problems, kind="errors"):
-    assert len(problems[kind]) == 1, problems[kind]
-    problem = problems[kind][0]
-    for key in ("host", "check", "message", "fact", "variable", "fix", "text"):
-        assert problem[key], key
-    assert problem["host"] == HOST and problem["text"].startswith(f"{HOST}: ")
-    return problem
+    return only_problem(problems, HOST, kind)
 
 
 # ---- communication flags of the host's profile -------------------------------------------------------------------
