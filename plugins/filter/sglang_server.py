@@ -7,40 +7,20 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import re
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_args_table import load_table, table_version
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_help import help_options
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_journal import journal_match
 
-# The option table is the sglang_server role's file (roles/sglang_server/files), beside this plugin in the collection.
-ARGS_TABLE_FILE = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "..", "..", "roles", "sglang_server", "files", "sglang-args-0.5.9.json"
-)
 SECRET_OPTIONS = {"--api-key": "sglang_server_api_key", "--admin-api-key": "sglang_server_api_key"}
 # Options that are the engine's own business in the role (the role adds them itself).
 ROLE_OPTIONS = {"--config": "the role passes --config itself (secret arguments file)"}
 SAFE_ARG_RE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
-_TABLE_CACHE: dict[str, dict] = {}
-
 
 class SglangArgsError(ValueError):
     """Bad server flags; the message names the option and the fix."""
-
-
-def load_table(path: str | None = None) -> dict:
-    """``{"--option": entry}`` for every option string of the argument table (entries shared by aliases)."""
-    path = os.path.normpath(path or ARGS_TABLE_FILE)
-    if path not in _TABLE_CACHE:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        table = {}
-        for entry in data["arguments"]:
-            for opt in entry["options"]:
-                table[opt] = entry
-        _TABLE_CACHE[path] = table
-    return _TABLE_CACHE[path]
 
 
 def _option(key) -> str:
@@ -98,7 +78,8 @@ def sglang_argv(args, table_path=None) -> list[str]:
                 )
             seen_dest[dest] = opt
         if kind == "deprecated":
-            raise SglangArgsError(f"{opt} is deprecated in SGLang {_version(table_path)} and makes it exit: remove it")
+            version = table_version(table_path)
+            raise SglangArgsError(f"{opt} is deprecated in SGLang {version} and makes it exit: remove it")
         if value is True:
             if kind not in (None, "flag", "optional"):
                 raise SglangArgsError(f"{opt} takes a value ({kind}), got true: give it a value")
@@ -119,12 +100,6 @@ def sglang_argv(args, table_path=None) -> list[str]:
             )
         argv.extend([opt, text])
     return argv
-
-
-def _version(table_path=None) -> str:
-    path = os.path.normpath(table_path or ARGS_TABLE_FILE)
-    m = re.search(r"sglang-args-([0-9][^/]*)\.json$", path)
-    return m.group(1) if m else "?"
 
 
 def sglang_rendered_options(args) -> list[str]:
@@ -460,7 +435,7 @@ def sglang_table_options(_unused=None, table_path=None) -> list[str]:
 
 def sglang_table_version(_unused=None, table_path=None) -> str:
     """The SGLang version of the pinned argument table (e.g. 0.5.9)."""
-    return _version(table_path)
+    return table_version(table_path)
 
 
 def sglang_is_loopback(host) -> bool:

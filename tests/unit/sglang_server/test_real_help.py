@@ -17,7 +17,7 @@ from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as f
 FIXTURES = REPO / "tests" / "unit" / "fixtures" / "sglang-0.5.9"
 HELP = (FIXTURES / "launch_server-help.txt").read_text()
 PARSER_DUMP = json.loads((FIXTURES / "parser-dump.json").read_text())
-ROLE_TABLE = REPO / "roles" / "sglang_server" / "files" / "sglang-args-0.5.9.json"
+ROLE_TABLE = REPO / "plugins" / "module_utils" / "sglang_args" / "sglang-args-0.5.9.json"
 SIM_DUMP = REPO / "lab" / "sglang-sim" / "src" / "sglang_sim" / "data" / "server-args-0.5.9.json"
 # The seed's launch as gpufleet renders it (exact names; the seed's --tp written as --tp-size).
 SEED_ARGS = {
@@ -58,7 +58,7 @@ def test_the_engine_help_module_reads_exactly_the_real_parsers_options():
 
 
 def test_the_role_argument_table_is_the_real_parser():
-    """roles/sglang_server/files/sglang-args-0.5.9.json (what the role renders with) against the real parser."""
+    """plugins/module_utils/sglang_args/sglang-args-0.5.9.json (what the role renders with) against the real parser."""
     table = f.load_table(ROLE_TABLE)
     assert set(table) == real_options()
     for arg in PARSER_DUMP["arguments"]:
