@@ -5,51 +5,22 @@ connection reset."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from role_flags import local_ansible_env
+from role_templates import render_role_templates
 
-REPO = Path(__file__).resolve().parents[3]
-ROLE = REPO / "roles/fleet_firewall"
 PORTS = [
     {"name": "SGLang server (API and /metrics)", "port": 8000,
      "sources": ["10.0.0.1/32", "10.0.0.2/32", "192.0.2.0/24", "2001:db8::7/128"]},
     {"name": "node-exporter", "port": 9100, "sources": ["10.0.0.1/32", "10.0.0.2/32"]},
 ]  # fmt: skip
-PLAY = """
-- name: Render the firewall's files
-  hosts: gpu-01
-  gather_facts: false
-  vars_files: ["{role}/defaults/main.yml", "{role}/vars/main.yml"]
-  tasks:
-    - name: Render
-      ansible.builtin.template:
-        src: "{role}/templates/{{{{ item }}}}.j2"
-        dest: "{out}/{{{{ item }}}}"
-        mode: "0644"
-      loop: [firewall.nft, firewall.service]
-"""
 
 
 def render(tmp_path: Path) -> Path:
-    out = tmp_path / "out"
-    out.mkdir()
-    (tmp_path / "play.yml").write_text(PLAY.format(role=ROLE, out=out))
-    (tmp_path / "hosts.yml").write_text(
-        f"all:\n  hosts:\n    gpu-01: {{ansible_connection: local, ansible_python_interpreter: {sys.executable}}}\n"
-    )
-    (tmp_path / "extra.json").write_text(json.dumps({"fleet_firewall_ports": PORTS}))
-    proc = subprocess.run(
-        [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"),
-         "-e", f"@{tmp_path / 'extra.json'}"],
-        cwd=REPO, env=local_ansible_env(), capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+    return render_role_templates(tmp_path, "fleet_firewall", ["firewall.nft", "firewall.service"],
+                                 {"fleet_firewall_ports": PORTS})  # fmt: skip
 
 
 def test_the_table_is_what_nft_loads(tmp_path):

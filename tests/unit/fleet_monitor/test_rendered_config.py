@@ -11,10 +11,9 @@ import sys
 from pathlib import Path
 
 import yaml
-from role_flags import local_ansible_env
+from role_templates import render_role_templates
 
 REPO = Path(__file__).resolve().parents[3]
-ROLE = REPO / "roles/fleet_monitor"
 FILES = ["prometheus.yml", "gpufleet-thresholds.yml", "blackbox.yml", "alertmanager.yml"]
 TARGETS = {
     "servers": [
@@ -29,19 +28,6 @@ TARGETS = {
     "nodes": [{"host": "h200-01", "address": "10.0.0.11", "port": 9100, "role": "server"},
               {"host": "gw-01", "address": "10.0.0.2", "port": 9100, "role": "router"}],
 }  # fmt: skip
-PLAY = """
-- name: Render the monitor's files
-  hosts: mon-01
-  gather_facts: false
-  vars_files: ["{role}/defaults/main.yml", "{role}/vars/main.yml"]
-  tasks:
-    - name: Render
-      ansible.builtin.template:
-        src: "{role}/templates/{{{{ item }}}}.j2"
-        dest: "{out}/{{{{ item }}}}"
-        mode: "0644"
-      loop: {files}
-"""
 
 
 def promtool() -> str:
@@ -50,21 +36,8 @@ def promtool() -> str:
 
 
 def render(tmp_path: Path, **extra) -> Path:
-    out = tmp_path / "out"
-    out.mkdir()
-    (tmp_path / "play.yml").write_text(PLAY.format(role=ROLE, out=out, files=json.dumps(FILES)))
-    (tmp_path / "hosts.yml").write_text(
-        "all:\n  hosts:\n    mon-01: {ansible_host: 10.0.0.5, ansible_connection: local, "
-        f"ansible_python_interpreter: {sys.executable}}}\n"
-    )
-    (tmp_path / "extra.json").write_text(json.dumps({"fleet_monitor_targets": TARGETS, **extra}))
-    proc = subprocess.run(
-        [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"),
-         "-e", f"@{tmp_path / 'extra.json'}"],
-        cwd=REPO, env=local_ansible_env(), capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+    return render_role_templates(tmp_path, "fleet_monitor", FILES, {"fleet_monitor_targets": TARGETS, **extra},
+                                 host="mon-01", host_vars={"ansible_host": "10.0.0.5"})  # fmt: skip
 
 
 def test_rendered_files_are_what_prometheus_reads(tmp_path):
