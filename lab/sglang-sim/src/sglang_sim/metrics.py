@@ -166,32 +166,28 @@ def _escape(s: str, escaping: str, valid: Callable[[str, int], bool]) -> str:
     return "".join(out)
 
 
-def escape_metric_name(s: str, escaping: str) -> str:
+def _escape_name(s: str, escaping: str, valid: Callable[[str], bool], rune: Callable[[str, int], bool]) -> str:
+    """The steps ``escape_metric_name`` and ``escape_label_name`` share; they differ only in the name test
+    (``valid``) and the rune test (``rune``)."""
     if not s:
         return s
     if escaping == ALLOWUTF8:
-        if not _valid_legacy_metric_name(s):
-            return f'"{_escape(s, escaping, _legacy_metric_rune)}"'
-        return _escape(s, escaping, _legacy_metric_rune)
+        if not valid(s):
+            return f'"{_escape(s, escaping, rune)}"'
+        return _escape(s, escaping, rune)
     if escaping in (UNDERSCORES, VALUES):
-        return s if _valid_legacy_metric_name(s) else _escape(s, escaping, _legacy_metric_rune)
+        return s if valid(s) else _escape(s, escaping, rune)
     if escaping == DOTS:
-        return _escape(s, escaping, _legacy_metric_rune)
+        return _escape(s, escaping, rune)
     return s
+
+
+def escape_metric_name(s: str, escaping: str) -> str:
+    return _escape_name(s, escaping, _valid_legacy_metric_name, _legacy_metric_rune)
 
 
 def escape_label_name(s: str, escaping: str) -> str:
-    if not s:
-        return s
-    if escaping == ALLOWUTF8:
-        if not _valid_legacy_label_name(s):
-            return f'"{_escape(s, escaping, _legacy_label_rune)}"'
-        return _escape(s, escaping, _legacy_label_rune)
-    if escaping in (UNDERSCORES, VALUES):
-        return s if _valid_legacy_label_name(s) else _escape(s, escaping, _legacy_label_rune)
-    if escaping == DOTS:
-        return _escape(s, escaping, _legacy_label_rune)
-    return s
+    return _escape_name(s, escaping, _valid_legacy_label_name, _legacy_label_rune)
 
 
 def _label_str(labels: dict[str, str], escaping: str) -> str:
@@ -344,6 +340,18 @@ class Registry:
         self.families[family.name] = family
         return family
 
+    # prometheus_client's Counter/Histogram/Gauge constructors, registered here
+    def counter(self, name: str, documentation: str, labelnames: Iterable[str]) -> Family:
+        return self.add(Family(name, documentation, "counter", labelnames))
+
+    def histogram(self, name: str, documentation: str, labelnames: Iterable[str], buckets: Iterable[float]) -> Family:
+        return self.add(Family(name, documentation, "histogram", labelnames, buckets=buckets))
+
+    def gauge(
+        self, name: str, documentation: str, labelnames: Iterable[str], *, mode: str, pid: int | None = None
+    ) -> Family:
+        return self.add(Family(name, documentation, "gauge", labelnames, mode=mode, pid=pid))
+
     def render(self, accept: str | None = None, query: str = "", sim_comment: bool = True) -> tuple[bytes, str]:
         fmt, escaping, content_type = choose_format(accept)
         names = set(parse_qs(query).get("name[]", []))
@@ -405,53 +413,46 @@ def bake(registry: Registry, accept: str | None, accept_encoding: str | None, qu
 
 # ---------------------------------------------------------------- sglang 0.5.9's collectors
 # (name, documentation) as metrics/collector.py defines them; all gauges of SchedulerMetricsCollector that
-# log_stats sets (collector.py:975), in that order, with their multiprocess mode.
-SCHEDULER_GAUGES: list[tuple[str, str, str]] = [
-    ("num_running_reqs", "The number of running requests.", "mostrecent"),
-    ("num_used_tokens", "The number of used tokens.", "mostrecent"),
-    ("token_usage", "The token usage.", "mostrecent"),
-    (
-        "pending_prealloc_token_usage",
-        "The token usage for pending preallocated tokens (not preallocated yet).",
-        "mostrecent",
-    ),
-    ("swa_token_usage", "The token usage for SWA layers.", "mostrecent"),
-    ("mamba_usage", "The token usage for Mamba layers.", "mostrecent"),
-    ("decode_sum_seq_lens", "The sum of all sequence lengths in decode.", "mostrecent"),
-    ("gen_throughput", "The generation throughput (token/s).", "mostrecent"),
-    ("num_queue_reqs", "The number of requests in the waiting queue.", "mostrecent"),
-    ("num_grammar_queue_reqs", "The number of requests in the grammar waiting queue.", "mostrecent"),
-    (
-        "num_running_reqs_offline_batch",
-        "The number of running low-priority offline batch requests(label is 'batch').",
-        "mostrecent",
-    ),
-    ("cache_hit_rate", "The prefix cache hit rate.", "mostrecent"),
-    ("max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", "mostrecent"),
-    ("spec_accept_length", "The average acceptance length of speculative decoding.", "mostrecent"),
+# log_stats sets (collector.py:975), in that order. Multiprocess mode "mostrecent", but for those in
+# SCHEDULER_GAUGES_MODE_ALL (mode "all", the default: a pid label).
+SCHEDULER_GAUGES: list[tuple[str, str]] = [
+    ("num_running_reqs", "The number of running requests."),
+    ("num_used_tokens", "The number of used tokens."),
+    ("token_usage", "The token usage."),
+    ("pending_prealloc_token_usage", "The token usage for pending preallocated tokens (not preallocated yet)."),
+    ("swa_token_usage", "The token usage for SWA layers."),
+    ("mamba_usage", "The token usage for Mamba layers."),
+    ("decode_sum_seq_lens", "The sum of all sequence lengths in decode."),
+    ("gen_throughput", "The generation throughput (token/s)."),
+    ("num_queue_reqs", "The number of requests in the waiting queue."),
+    ("num_grammar_queue_reqs", "The number of requests in the grammar waiting queue."),
+    ("num_running_reqs_offline_batch", "The number of running low-priority offline batch requests(label is 'batch')."),
+    ("cache_hit_rate", "The prefix cache hit rate."),
+    ("max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."),
+    ("spec_accept_length", "The average acceptance length of speculative decoding."),
     (
         "spec_accept_rate",
         "The average acceptance rate of speculative decoding (`accepted tokens / total draft tokens` in batch).",
-        "mostrecent",
     ),
-    ("num_prefill_prealloc_queue_reqs", "The number of requests in the prefill prealloc queue.", "mostrecent"),
-    ("num_prefill_inflight_queue_reqs", "The number of requests in the prefill inflight queue.", "mostrecent"),
-    ("num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue.", "mostrecent"),
-    ("num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue.", "mostrecent"),
-    ("kv_transfer_speed_gb_s", "The transfer speed of the KV cache in GB/s.", "mostrecent"),
-    ("kv_transfer_latency_ms", "The transfer latency of the KV cache in ms.", "mostrecent"),
-    ("kv_transfer_bootstrap_ms", "The bootstrap time of the KV transfer in ms.", "mostrecent"),
-    ("kv_transfer_alloc_ms", "The allocation waiting time of the KV transfer in ms.", "mostrecent"),
-    ("kv_transfer_total_mb", "The total number of tokens transferred in the KV cache.", "mostrecent"),
-    ("num_retracted_reqs", "The number of retracted requests.", "all"),
-    ("num_paused_reqs", "The number of paused requests by async weight sync.", "all"),
-    ("utilization", "The utilization.", "mostrecent"),
-    ("engine_startup_time", "The time taken for the engine to start up.", "mostrecent"),
-    ("engine_load_weights_time", "The time taken for the engine to load weights.", "mostrecent"),
-    ("new_token_ratio", "The new token ratio.", "mostrecent"),
-    ("is_cuda_graph", "Whether the batch is using CUDA graph.", "mostrecent"),
-    ("num_unique_running_routing_keys", "Number of unique routing keys in running batch.", "mostrecent"),
+    ("num_prefill_prealloc_queue_reqs", "The number of requests in the prefill prealloc queue."),
+    ("num_prefill_inflight_queue_reqs", "The number of requests in the prefill inflight queue."),
+    ("num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue."),
+    ("num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue."),
+    ("kv_transfer_speed_gb_s", "The transfer speed of the KV cache in GB/s."),
+    ("kv_transfer_latency_ms", "The transfer latency of the KV cache in ms."),
+    ("kv_transfer_bootstrap_ms", "The bootstrap time of the KV transfer in ms."),
+    ("kv_transfer_alloc_ms", "The allocation waiting time of the KV transfer in ms."),
+    ("kv_transfer_total_mb", "The total number of tokens transferred in the KV cache."),
+    ("num_retracted_reqs", "The number of retracted requests."),
+    ("num_paused_reqs", "The number of paused requests by async weight sync."),
+    ("utilization", "The utilization."),
+    ("engine_startup_time", "The time taken for the engine to start up."),
+    ("engine_load_weights_time", "The time taken for the engine to load weights."),
+    ("new_token_ratio", "The new token ratio."),
+    ("is_cuda_graph", "Whether the batch is using CUDA graph."),
+    ("num_unique_running_routing_keys", "Number of unique routing keys in running batch."),
 ]
+SCHEDULER_GAUGES_MODE_ALL = {"num_retracted_reqs", "num_paused_reqs"}
 ROUTING_KEY_GAUGE_HISTOGRAMS = [
     (
         "routing_key_running_req_count",
@@ -491,180 +492,113 @@ class SglangMetrics:
         spid = scheduler_pid if scheduler_pid is not None else os.getpid()
         sched_names = list(self.sched_labels[0]) if self.sched_labels else []
         tok_names = list(self.tok_labels)
-        R = self.reg.add  # noqa: N806
+        reg = self.reg
         # HTTP middleware (utils/common.py:1604 add_prometheus_track_response_middleware), livesum gauges first
-        self.routing_keys_active = R(
-            Family(
-                "sglang:routing_keys_active",
-                "Number of unique routing keys with active requests",
-                "gauge",
-                (),
-                mode="livesum",
-            )
+        self.routing_keys_active = reg.gauge(
+            "sglang:routing_keys_active", "Number of unique routing keys with active requests", (), mode="livesum"
         )
         self.routing_keys_active.child({})  # no labels: present from the start
-        self.http_active = R(
-            Family(
-                "sglang:http_requests_active",
-                "Number of currently active HTTP requests",
-                "gauge",
-                ("endpoint", "method"),
-                mode="livesum",
-            )
+        self.http_active = reg.gauge(
+            "sglang:http_requests_active",
+            "Number of currently active HTTP requests",
+            ("endpoint", "method"),
+            mode="livesum",
         )
         # TokenizerMetricsCollector (collector.py:1088)
-        self.ttft = R(
-            Family(
-                "sglang:time_to_first_token_seconds",
-                "Histogram of time to first token in seconds.",
-                "histogram",
-                tok_names,
-                buckets=bucket_time_to_first_token or TTFT_BUCKETS,
-            )
+        self.ttft = reg.histogram(
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            tok_names,
+            bucket_time_to_first_token or TTFT_BUCKETS,
         )
-        self.itl = R(
-            Family(
-                "sglang:inter_token_latency_seconds",
-                "Histogram of inter-token latency in seconds.",
-                "histogram",
-                tok_names,
-                buckets=bucket_inter_token_latency or ITL_BUCKETS,
-            )
+        self.itl = reg.histogram(
+            "sglang:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            tok_names,
+            bucket_inter_token_latency or ITL_BUCKETS,
         )
-        self.e2e = R(
-            Family(
-                "sglang:e2e_request_latency_seconds",
-                "Histogram of End-to-end request latency in seconds",
-                "histogram",
-                tok_names,
-                buckets=bucket_e2e_request_latency or E2E_BUCKETS,
-            )
+        self.e2e = reg.histogram(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            tok_names,
+            bucket_e2e_request_latency or E2E_BUCKETS,
         )
         self.prompt_hist = self.gen_hist = None
         if collect_tokens_histogram:
-            self.prompt_hist = R(
-                Family(
-                    "sglang:prompt_tokens_histogram",
-                    "Histogram of prompt token length.",
-                    "histogram",
-                    tok_names,
-                    buckets=generate_buckets(prompt_tokens_buckets, TOKENS_BUCKETS),
-                )
-            )
-            self.gen_hist = R(
-                Family(
-                    "sglang:generation_tokens_histogram",
-                    "Histogram of generation token length.",
-                    "histogram",
-                    tok_names,
-                    buckets=generate_buckets(generation_tokens_buckets, TOKENS_BUCKETS),
-                )
-            )
-        self.num_retractions = R(
-            Family(
-                "sglang:num_retractions",
-                "Histogram of retraction counts per request.",
-                "histogram",
+            self.prompt_hist = reg.histogram(
+                "sglang:prompt_tokens_histogram",
+                "Histogram of prompt token length.",
                 tok_names,
-                buckets=RETRACTION_BUCKETS,
+                generate_buckets(prompt_tokens_buckets, TOKENS_BUCKETS),
             )
+            self.gen_hist = reg.histogram(
+                "sglang:generation_tokens_histogram",
+                "Histogram of generation token length.",
+                tok_names,
+                generate_buckets(generation_tokens_buckets, TOKENS_BUCKETS),
+            )
+        self.num_retractions = reg.histogram(
+            "sglang:num_retractions", "Histogram of retraction counts per request.", tok_names, RETRACTION_BUCKETS
         )
         # SchedulerMetricsCollector gauges (collector.py:306-776), in log_stats order
         self.gauges: dict[str, Family] = {}
-        self.cache_config_info = R(
-            Family(
-                "sglang:cache_config_info",
-                "Cache configuration information.",
-                "gauge",
-                ("page_size", "num_pages"),
-                mode="mostrecent",
-            )
+        self.cache_config_info = reg.gauge(
+            "sglang:cache_config_info",
+            "Cache configuration information.",
+            ("page_size", "num_pages"),
+            mode="mostrecent",
         )
-        for short, doc, mode in SCHEDULER_GAUGES:
-            self.gauges[short] = R(Family(f"sglang:{short}", doc, "gauge", sched_names, mode=mode, pid=spid))
+        for short, doc in SCHEDULER_GAUGES:
+            mode = "all" if short in SCHEDULER_GAUGES_MODE_ALL else "mostrecent"
+            self.gauges[short] = reg.gauge(f"sglang:{short}", doc, sched_names, mode=mode, pid=spid)
         self.routing_hists = [
-            R(Family(f"sglang:{n}", d, "gauge", [*sched_names, "gt", "le"], mode="mostrecent"))
+            reg.gauge(f"sglang:{n}", d, [*sched_names, "gt", "le"], mode="mostrecent")
             for n, d in ROUTING_KEY_GAUGE_HISTOGRAMS
         ]
-        self.cuda_graph_passes = R(
-            Family(
-                "sglang:cuda_graph_passes_total",
-                "Total number of forward passes categorized by CUDA graph.",
-                "counter",
-                [*sched_names, "mode"],
-            )
+        self.cuda_graph_passes = reg.counter(
+            "sglang:cuda_graph_passes_total",
+            "Total number of forward passes categorized by CUDA graph.",
+            [*sched_names, "mode"],
         )
-        self.realtime_tokens = R(
-            Family(
-                "sglang:realtime_tokens_total",
-                "Total number of tokens processed (updated on each log interval). "
-                "mode: prefill_compute, prefill_cache, decode.",
-                "counter",
-                [*sched_names, "mode"],
-            )
+        self.realtime_tokens = reg.counter(
+            "sglang:realtime_tokens_total",
+            "Total number of tokens processed (updated on each log interval). "
+            "mode: prefill_compute, prefill_cache, decode.",
+            [*sched_names, "mode"],
         )
         # TokenizerMetricsCollector counters
-        self.prompt_tokens = R(
-            Family("sglang:prompt_tokens_total", "Number of prefill tokens processed.", "counter", tok_names)
+        self.prompt_tokens = reg.counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.", tok_names)
+        self.generation_tokens = reg.counter(
+            "sglang:generation_tokens_total", "Number of generation tokens processed.", tok_names
         )
-        self.generation_tokens = R(
-            Family("sglang:generation_tokens_total", "Number of generation tokens processed.", "counter", tok_names)
+        self.cached_tokens = reg.counter(
+            "sglang:cached_tokens_total",
+            "Number of cached prompt tokens by source (device/host/storage).",
+            [*tok_names, "cache_source"],
         )
-        self.cached_tokens = R(
-            Family(
-                "sglang:cached_tokens_total",
-                "Number of cached prompt tokens by source (device/host/storage).",
-                "counter",
-                [*tok_names, "cache_source"],
-            )
+        self.num_requests = reg.counter("sglang:num_requests_total", "Number of requests processed.", tok_names)
+        self.num_aborted = reg.counter("sglang:num_aborted_requests_total", "Number of requests aborted.", tok_names)
+        self.http_requests = reg.counter(
+            "sglang:http_requests_total", "Total number of HTTP requests by endpoint and method", ("endpoint", "method")
         )
-        self.num_requests = R(
-            Family("sglang:num_requests_total", "Number of requests processed.", "counter", tok_names)
+        self.http_responses = reg.counter(
+            "sglang:http_responses_total",
+            "Total number of HTTP responses by endpoint and status code",
+            ("endpoint", "status_code", "method"),
         )
-        self.num_aborted = R(
-            Family("sglang:num_aborted_requests_total", "Number of requests aborted.", "counter", tok_names)
+        self.cpu_seconds = reg.counter(
+            "sglang:process_cpu_seconds_total",
+            "Total CPU time consumed by this process (user + system)",
+            ("component",),
         )
-        self.http_requests = R(
-            Family(
-                "sglang:http_requests_total",
-                "Total number of HTTP requests by endpoint and method",
-                "counter",
-                ("endpoint", "method"),
-            )
+        self.queue_time = reg.histogram(
+            "sglang:queue_time_seconds", "Histogram of queueing time in seconds.", sched_names, QUEUE_TIME_BUCKETS
         )
-        self.http_responses = R(
-            Family(
-                "sglang:http_responses_total",
-                "Total number of HTTP responses by endpoint and status code",
-                "counter",
-                ("endpoint", "status_code", "method"),
-            )
-        )
-        self.cpu_seconds = R(
-            Family(
-                "sglang:process_cpu_seconds_total",
-                "Total CPU time consumed by this process (user + system)",
-                "counter",
-                ("component",),
-            )
-        )
-        self.queue_time = R(
-            Family(
-                "sglang:queue_time_seconds",
-                "Histogram of queueing time in seconds.",
-                "histogram",
-                sched_names,
-                buckets=QUEUE_TIME_BUCKETS,
-            )
-        )
-        self.per_stage = R(
-            Family(
-                "sglang:per_stage_req_latency_seconds",
-                "The latency of each stage of requests.",
-                "histogram",
-                [*sched_names, "stage"],
-                buckets=PER_STAGE_BUCKETS,
-            )
+        self.per_stage = reg.histogram(
+            "sglang:per_stage_req_latency_seconds",
+            "The latency of each stage of requests.",
+            [*sched_names, "stage"],
+            PER_STAGE_BUCKETS,
         )
         # Scheduler.init_cache_with_memory_pool (managers/scheduler.py:631): every rank, at start-up
         self.cache_config_info.set({"page_size": page_size, "num_pages": max_total_num_tokens // max(1, page_size)}, 1)
@@ -681,7 +615,7 @@ class SglangMetrics:
         """``SchedulerMetricsCollector.log_stats`` (collector.py:975): every gauge, the rest at their value."""
         with self.lock:
             for labels in self.sched_labels:
-                for short, _doc, _mode in SCHEDULER_GAUGES:
+                for short, _doc in SCHEDULER_GAUGES:
                     self.gauges[short].set(labels, stats.get(short, 0.0))
                 for fam in self.routing_hists:  # set_by_current_observations(labels, []): all buckets 0
                     bounds = ROUTING_KEY_REQ_COUNT_BUCKET_BOUNDS
