@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "locks"))
 import update_locks  # noqa: E402 - the simulator's wheel and its dependency's (PyYAML)
 
 NAME = "t-equip"
-CAPTURES = ROOT / "tests/unit/fixtures/h200x2-vm"
+CAPTURES = ROOT / "lab/gpusim/profiles/h200x2-vm/captures"
 SEED_FLAGS = (
     "--model /models/GLM-5-NVFP4 --served-model-name glm-5 --reasoning-parser glm45 --tool-call-parser glm47 "
     "--trust-remote-code --tp 8 --mem-fraction-static 0.92 --max-running-requests 64 --kv-cache-dtype auto "

@@ -18,9 +18,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 FIXTURES = REPO / "tests" / "unit" / "fixtures"
 DEVICE = FIXTURES / "h200-device"
-H200X2 = FIXTURES / "h200x2-vm"
+H200X2 = FIXTURES / "h200x2-vm"  # the 2x H200 VM's captures while busy, its NCCL measurement
 SIM = REPO / "lab" / "gpusim" / "nvidia_smi.py"
 PROFILES = REPO / "lab" / "gpusim" / "profiles"
+H200X2_CAPTURES = PROFILES / "h200x2-vm" / "captures"  # its idle captures: one copy, the simulator replays them
 BENCH = str(REPO / "roles" / "gpu_facts" / "files")  # the NCCL benchmark script the role runs
 if BENCH not in sys.path:
     sys.path.insert(0, BENCH)

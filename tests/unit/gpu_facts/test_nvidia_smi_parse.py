@@ -1,35 +1,29 @@
 """plugins/module_utils/nvidia_smi_parse.py over real captures and edge cases.
 
-The real captures (2x H200 VM, driver 580.159.04) are copied in tests/unit/fixtures/h200x2-vm/.
+The real captures (2x H200 VM, driver 580.159.04): idle, the ones the lab simulator replays
+(lab/gpusim/profiles/h200x2-vm/captures/); busy, tests/unit/fixtures/h200x2-vm/busy/.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[3]
-FIXTURES = REPO / "tests" / "unit" / "fixtures" / "h200x2-vm"
-
-from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_smi_parse import (  # noqa: E402
-    NvidiaSmiParseError,
-    compute_cap_to_arch,
-    parse_csv_query,
-    parse_driver_failure,
-    parse_p2p_matrix,
-    parse_smi_header,
-    parse_topo_matrix,
-    strip_ansi,
-)
+from ansible_collections.gpufleet.fleet.plugins.module_utils import nvidia_smi_parse as nsp
+from gpu_facts_helpers import H200X2, H200X2_CAPTURES, REPO
 
 UUID0 = "GPU-c0345594-416e-e0e4-2789-de58435583a0"
 UUID1 = "GPU-95f876da-2837-2eab-094c-681759d44f8b"
 
 
 def capture(name):
-    return (FIXTURES / name).read_text(encoding="utf-8")
+    """An idle capture (the simulator's replay files)."""
+    return (H200X2_CAPTURES / name).read_text(encoding="utf-8")
+
+
+def busy_capture(name):
+    """A capture while a process held GPU memory."""
+    return (H200X2 / "busy" / name).read_text(encoding="utf-8")
 
 
 def p2p_capture(mode):
@@ -46,76 +40,47 @@ def test_module_does_not_import_ansible():
 
 
 def test_strip_ansi():
-    assert strip_ansi("\t\x1b[4mGPU0\tGPU1\x1b[0m") == "\tGPU0\tGPU1"
-    assert strip_ansi("\x1b[1;32mOK\x1b[0m \x1b[Kx") == "OK x"
-    assert strip_ansi(b"\x1b[4mGPU0\x1b[0m") == "GPU0"
-    assert strip_ansi(None) == ""
-    assert strip_ansi("no escapes\t") == "no escapes\t"
+    assert nsp.strip_ansi("\t\x1b[4mGPU0\tGPU1\x1b[0m") == "\tGPU0\tGPU1"
+    assert nsp.strip_ansi("\x1b[1;32mOK\x1b[0m \x1b[Kx") == "OK x"
+    assert nsp.strip_ansi(b"\x1b[4mGPU0\x1b[0m") == "GPU0"
+    assert nsp.strip_ansi(None) == ""
+    assert nsp.strip_ansi("no escapes\t") == "no escapes\t"
 
 
 # ----------------------------------------------------------------------------- CSV, real captures
 
 
+# The idle capture's two GPUs: index, UUID, PCI bus id.
+GPUS = [(0, UUID0, "00000000:00:06.0"), (1, UUID1, "00000000:00:07.0")]
+
+
 def test_query_gpu_capture():
-    rows = parse_csv_query(capture("query-gpu.csv"))
-    assert rows == [
-        {
-            "index": 0,
-            "name": "NVIDIA H200",
-            "uuid": UUID0,
-            "pci.bus_id": "00000000:00:06.0",
-            "memory.total": 143771,
-            "memory.used": 0,
-            "memory.free": 143156,
-            "driver_version": "580.159.04",
-            "compute_cap": "9.0",
-            "persistence_mode": "Enabled",
-            "power.limit": 700.0,
-        },
-        {
-            "index": 1,
-            "name": "NVIDIA H200",
-            "uuid": UUID1,
-            "pci.bus_id": "00000000:00:07.0",
-            "memory.total": 143771,
-            "memory.used": 0,
-            "memory.free": 143156,
-            "driver_version": "580.159.04",
-            "compute_cap": "9.0",
-            "persistence_mode": "Enabled",
-            "power.limit": 700.0,
-        },
-    ]
+    rows = nsp.parse_csv_query(capture("query-gpu.csv"))
+    same = {
+        "name": "NVIDIA H200",
+        "memory.total": 143771,
+        "memory.used": 0,
+        "memory.free": 143156,
+        "driver_version": "580.159.04",
+        "compute_cap": "9.0",
+        "persistence_mode": "Enabled",
+        "power.limit": 700.0,
+    }
+    assert rows == [{"index": index, "uuid": uuid, "pci.bus_id": bus, **same} for index, uuid, bus in GPUS]
 
 
 def test_query_gpu_nounits_capture():
     fields = "index,pci.bus_id,memory.used,memory.total,compute_cap,driver_version"
-    rows = parse_csv_query(capture("query-gpu-nounits.csv"), header=False, fields=fields)
-    assert rows == [
-        {
-            "index": 0,
-            "pci.bus_id": "00000000:00:06.0",
-            "memory.used": 0,
-            "memory.total": 143771,
-            "compute_cap": "9.0",
-            "driver_version": "580.159.04",
-        },
-        {
-            "index": 1,
-            "pci.bus_id": "00000000:00:07.0",
-            "memory.used": 0,
-            "memory.total": 143771,
-            "compute_cap": "9.0",
-            "driver_version": "580.159.04",
-        },
-    ]
+    rows = nsp.parse_csv_query(capture("query-gpu-nounits.csv"), header=False, fields=fields)
+    same = {"memory.used": 0, "memory.total": 143771, "compute_cap": "9.0", "driver_version": "580.159.04"}
+    assert rows == [{"index": index, "pci.bus_id": bus, **same} for index, _uuid, bus in GPUS]
     # fields as a list work too
-    assert parse_csv_query(capture("query-gpu-nounits.csv"), header=False, fields=fields.split(",")) == rows
+    assert nsp.parse_csv_query(capture("query-gpu-nounits.csv"), header=False, fields=fields.split(",")) == rows
 
 
 def test_query_apps_captures():
-    assert parse_csv_query(capture("query-apps.csv")) == []
-    busy = parse_csv_query(capture("busy/query-apps.csv"))
+    assert nsp.parse_csv_query(capture("query-apps.csv")) == []
+    busy = nsp.parse_csv_query(busy_capture("query-apps.csv"))
     assert busy == [
         {
             "pid": 1939,
@@ -130,12 +95,14 @@ def test_query_apps_captures():
             "gpu_uuid": "GPU-2b001742-6c30-a5de-f6d7-8a2f2de0c67d",
         },
     ]
-    nounits = parse_csv_query(capture("busy/query-apps-nounits.csv"), header=False, fields="pid,used_memory,gpu_bus_id")
+    nounits = nsp.parse_csv_query(
+        busy_capture("query-apps-nounits.csv"), header=False, fields="pid,used_memory,gpu_bus_id"
+    )
     assert nounits == [
         {"pid": 1939, "used_memory": 41478, "gpu_bus_id": "00000000:00:06.0"},
         {"pid": 1939, "used_memory": 41478, "gpu_bus_id": "00000000:00:07.0"},
     ]
-    gpus = parse_csv_query(capture("busy/query-gpu.csv"), header=False, fields="index,memory.used,memory.total")
+    gpus = nsp.parse_csv_query(busy_capture("query-gpu.csv"), header=False, fields="index,memory.used,memory.total")
     assert [g["memory.used"] for g in gpus] == [41487, 41487]
 
 
@@ -151,7 +118,7 @@ def test_mixed_models_mig_and_na_values():
         "[N/A]\r\n"
         "2, NVIDIA GeForce RTX 4090, 24564 MiB, 312 MiB, 8.9, [N/A], [Not Supported], N/A\r\n"
     )
-    rows = parse_csv_query(text)
+    rows = nsp.parse_csv_query(text)
     assert [r["name"] for r in rows] == [
         "NVIDIA H100 80GB HBM3",
         "NVIDIA RTX PRO 6000 Blackwell Server Edition",
@@ -161,40 +128,40 @@ def test_mixed_models_mig_and_na_values():
     assert [r["power.limit"] for r in rows] == [700.0, 600.0, None]
     assert [r["memory.reserved"] for r in rows] == [530, None, None]
     assert [r["memory.total"] for r in rows] == [81559, 97887, 24564]
-    assert [compute_cap_to_arch(r["compute_cap"]) for r in rows] == ["sm_90", "sm_120", "sm_89"]
+    assert [nsp.compute_cap_to_arch(r["compute_cap"]) for r in rows] == ["sm_90", "sm_120", "sm_89"]
 
 
 def test_mig_enabled_memory_is_na():
     # With MIG on, per-GPU memory.used is [N/A] on some drivers.
     text = "index, mig.mode.current, mig.mode.pending, memory.used [MiB]\n0, Enabled, Enabled, [N/A]\n"
-    assert parse_csv_query(text) == [
+    assert nsp.parse_csv_query(text) == [
         {"index": 0, "mig.mode.current": "Enabled", "mig.mode.pending": "Enabled", "memory.used": None}
     ]
 
 
 def test_header_keeps_units_with_nounits():
     text = "memory.total [MiB], power.draw [W], utilization.gpu [%]\n143771, 75.36, 3\n"
-    assert parse_csv_query(text) == [{"memory.total": 143771, "power.draw": 75.36, "utilization.gpu": 3}]
+    assert nsp.parse_csv_query(text) == [{"memory.total": 143771, "power.draw": 75.36, "utilization.gpu": 3}]
 
 
 def test_fields_override_header_names():
     text = "name, pci.bus_id\nNVIDIA H200, 00000000:00:06.0\n"
-    assert parse_csv_query(text, fields="gpu_name,gpu_bus_id") == [
+    assert nsp.parse_csv_query(text, fields="gpu_name,gpu_bus_id") == [
         {"gpu_name": "NVIDIA H200", "gpu_bus_id": "00000000:00:06.0"}
     ]
 
 
 def test_comma_in_process_name():
     text = "pid, process_name, used_gpu_memory [MiB]\n42, python3 -c a,b, 10 MiB\n43, odd, name, 20 MiB\n"
-    assert parse_csv_query(text) == [
+    assert nsp.parse_csv_query(text) == [
         {"pid": 42, "process_name": "python3 -c a,b", "used_gpu_memory": 10},
         {"pid": 43, "process_name": "odd, name", "used_gpu_memory": 20},
     ]
 
 
 def test_empty_output_and_blank_lines():
-    assert parse_csv_query("", header=False, fields="index") == []
-    assert parse_csv_query("\n\n0\n\n1\n", header=False, fields="index") == [{"index": 0}, {"index": 1}]
+    assert nsp.parse_csv_query("", header=False, fields="index") == []
+    assert nsp.parse_csv_query("\n\n0\n\n1\n", header=False, fields="index") == [{"index": 0}, {"index": 1}]
 
 
 @pytest.mark.parametrize(
@@ -214,15 +181,15 @@ def test_empty_output_and_blank_lines():
     ],
 )
 def test_csv_errors_raise(text, kwargs):
-    with pytest.raises(NvidiaSmiParseError):
-        parse_csv_query(text, **kwargs)
+    with pytest.raises(nsp.NvidiaSmiParseError):
+        nsp.parse_csv_query(text, **kwargs)
 
 
 # ----------------------------------------------------------------------------- topo -m
 
 
 def test_topo_m_capture():
-    topo = parse_topo_matrix(capture("topo-m.txt"))
+    topo = nsp.parse_topo_matrix(capture("topo-m.txt"))
     assert topo == {
         "gpus": ["GPU0", "GPU1"],
         "links": {"GPU0": {"GPU1": "NV18"}, "GPU1": {"GPU0": "NV18"}},
@@ -236,7 +203,7 @@ def test_topo_m_capture():
 
 
 def test_topo_mp_capture():
-    topo = parse_topo_matrix(capture("topo-mp.txt"))
+    topo = nsp.parse_topo_matrix(capture("topo-mp.txt"))
     assert topo["links"] == {"GPU0": {"GPU1": "PHB"}, "GPU1": {"GPU0": "PHB"}}
 
 
@@ -248,28 +215,14 @@ TOPO_WITH_NICS = (
     "GPU3\tSYS\tSYS\tNV18\t X \tSYS\tNODE\t56-111,168-223\t1\t\tN/A\n"
     "NIC0\tPIX\tNODE\tSYS\tSYS\t X \tSYS\t\t\t\t\n"
     "NIC1\tSYS\tSYS\tPIX\tNODE\tSYS\t X \t\t\t\t\n"
-    "\n"
-    "Legend:\n"
-    "\n"
-    "  X    = Self\n"
-    "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)\n"
-    "  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges "
-    "within a NUMA node\n"
-    "  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)\n"
-    "  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)\n"
-    "  PIX  = Connection traversing at most a single PCIe bridge\n"
-    "  NV#  = Connection traversing a bonded set of # NVLinks\n"
-    "\n"
-    "NIC Legend:\n"
-    "\n"
-    "  NIC0: mlx5_0\n"
-    "  NIC1: mlx5_1\n"
-    "\n"
+    # the legend as the real NVLink machine printed it (a blank line, Legend:, X ... NV#)
+    + capture("topo-m.txt")[capture("topo-m.txt").index("\nLegend:") :]
+    + "\nNIC Legend:\n\n  NIC0: mlx5_0\n  NIC1: mlx5_1\n\n"
 )
 
 
 def test_topo_with_nic_columns_rows_and_legend():
-    topo = parse_topo_matrix(TOPO_WITH_NICS)
+    topo = nsp.parse_topo_matrix(TOPO_WITH_NICS)
     assert topo["gpus"] == ["GPU0", "GPU1", "GPU2", "GPU3"]
     assert topo["nics"] == ["NIC0", "NIC1"]
     assert topo["nic_names"] == {"NIC0": "mlx5_0", "NIC1": "mlx5_1"}
@@ -295,7 +248,7 @@ def test_topo_legacy_nic_names_and_no_gpu_numa_column():
         "GPU1\tPHB\t X \tPHB\t0-15\tN/A\n"
         "mlx5_0\tPHB\tPHB\t X \t\t\n"
     )
-    topo = parse_topo_matrix(text)
+    topo = nsp.parse_topo_matrix(text)
     assert topo["gpus"] == ["GPU0", "GPU1"]
     assert topo["nics"] == ["mlx5_0"]
     assert topo["links"] == {"GPU0": {"GPU1": "PHB"}, "GPU1": {"GPU0": "PHB"}}
@@ -309,7 +262,7 @@ def test_topo_pasted_with_spaces_instead_of_tabs():
         "GPU0     X      PHB     0-63    0               N/A\n"
         "GPU1    PHB      X      0-63    0               N/A\n"
     )
-    topo = parse_topo_matrix(text)
+    topo = nsp.parse_topo_matrix(text)
     assert topo["links"] == {"GPU0": {"GPU1": "PHB"}, "GPU1": {"GPU0": "PHB"}}
     assert topo["cpu_affinity"] == {"GPU0": "0-63", "GPU1": "0-63"}
 
@@ -320,14 +273,14 @@ def test_topo_eight_gpu_phb_with_crlf():
     for i, n in enumerate(names):
         cells = [" X " if i == j else "PHB" for j in range(8)]
         lines.append("\t".join([n, *cells, "0-63", "0", "", "N/A"]))
-    topo = parse_topo_matrix("\r\n".join(lines) + "\r\n")
+    topo = nsp.parse_topo_matrix("\r\n".join(lines) + "\r\n")
     assert topo["gpus"] == names
     assert all(set(row.values()) == {"PHB"} and len(row) == 7 for row in topo["links"].values())
 
 
 def test_topo_without_header_raises():
-    with pytest.raises(NvidiaSmiParseError):
-        parse_topo_matrix("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")
+    with pytest.raises(nsp.NvidiaSmiParseError):
+        nsp.parse_topo_matrix("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n")
 
 
 # ----------------------------------------------------------------------------- topo -p2p
@@ -335,7 +288,7 @@ def test_topo_without_header_raises():
 
 @pytest.mark.parametrize(("mode", "expected"), [("r", "OK"), ("w", "OK"), ("n", "OK"), ("a", "OK"), ("p", "NS")])
 def test_p2p_captures(mode, expected):
-    p2p = parse_p2p_matrix(p2p_capture(mode))
+    p2p = nsp.parse_p2p_matrix(p2p_capture(mode))
     assert p2p == {
         "gpus": ["GPU0", "GPU1"],
         "status": {"GPU0": {"GPU1": expected}, "GPU1": {"GPU0": expected}},
@@ -351,7 +304,7 @@ def test_p2p_missing_gpu_row_and_short_row():
         "\n"
         "Legend:\n\n  X    = Self\n  OK   = Status Ok\n  DR   = Disabled by regkey\n"
     )
-    p2p = parse_p2p_matrix(text)
+    p2p = nsp.parse_p2p_matrix(text)
     assert p2p["gpus"] == ["GPU0", "GPU1", "GPU2"]
     assert p2p["status"] == {"GPU0": {"GPU1": "CNS", "GPU2": "CNS"}, "GPU1": {"GPU0": "CNS"}}
     assert p2p["missing_rows"] == ["GPU2"]
@@ -359,30 +312,30 @@ def test_p2p_missing_gpu_row_and_short_row():
 
 def test_p2p_without_ansi_or_trailing_tabs():
     text = " \tGPU0\tGPU1\n GPU0\tX\tGNS\n GPU1\tGNS\tX\n"
-    assert parse_p2p_matrix(text)["status"] == {"GPU0": {"GPU1": "GNS"}, "GPU1": {"GPU0": "GNS"}}
+    assert nsp.parse_p2p_matrix(text)["status"] == {"GPU0": {"GPU1": "GNS"}, "GPU1": {"GPU0": "GNS"}}
 
 
 def test_p2p_without_header_raises():
-    with pytest.raises(NvidiaSmiParseError):
-        parse_p2p_matrix("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n")
+    with pytest.raises(nsp.NvidiaSmiParseError):
+        nsp.parse_p2p_matrix("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n")
 
 
 # ----------------------------------------------------------------------------- banner
 
 
 def test_smi_header_capture_and_variants():
-    assert parse_smi_header(capture("nvidia-smi.txt")) == {
+    assert nsp.parse_smi_header(capture("nvidia-smi.txt")) == {
         "smi_version": "580.159.04",
         "driver_version": "580.159.04",
         "cuda_version": "13.0",
     }
     old = "| NVIDIA-SMI 570.172.08             Driver Version: 570.172.08     CUDA Version: 12.8     |"
-    assert parse_smi_header(old)["cuda_version"] == "12.8"
+    assert nsp.parse_smi_header(old)["cuda_version"] == "12.8"
     new = "| NVIDIA-SMI 610.43.02              KMD Version: 610.43.02     CUDA UMD Version: 13.3     |"
-    assert parse_smi_header(new)["driver_version"] == "610.43.02"
+    assert nsp.parse_smi_header(new)["driver_version"] == "610.43.02"
     na = "| NVIDIA-SMI 580.105.06   Driver Version: 580.105.06   CUDA Version: N/A   |"
-    assert parse_smi_header(na)["cuda_version"] is None
-    assert parse_smi_header("nothing here") is None
+    assert nsp.parse_smi_header(na)["cuda_version"] is None
+    assert nsp.parse_smi_header("nothing here") is None
 
 
 # ----------------------------------------------------------------------------- failures
@@ -395,26 +348,26 @@ NO_DRIVER = (
 
 
 def test_driver_failure_messages():
-    msg = parse_driver_failure(9, NO_DRIVER, "")
+    msg = nsp.parse_driver_failure(9, NO_DRIVER, "")
     assert "driver not loaded" in msg.lower() and "rc 9" in msg
-    assert "not installed" in parse_driver_failure(127, "", "/bin/sh: 1: nvidia-smi: not found")
-    assert "not installed" in parse_driver_failure(1, "", "bash: nvidia-smi: command not found")
-    assert "not installed" in parse_driver_failure(2, "", "[Errno 2] No such file or directory: 'nvidia-smi'")
-    assert "mismatch" in parse_driver_failure(
+    assert "not installed" in nsp.parse_driver_failure(127, "", "/bin/sh: 1: nvidia-smi: not found")
+    assert "not installed" in nsp.parse_driver_failure(1, "", "bash: nvidia-smi: command not found")
+    assert "not installed" in nsp.parse_driver_failure(2, "", "[Errno 2] No such file or directory: 'nvidia-smi'")
+    assert "mismatch" in nsp.parse_driver_failure(
         18, "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.159\n", ""
     )
-    assert "NVML" in parse_driver_failure(255, "Failed to initialize NVML: Unknown Error\n", "")
-    assert "no NVIDIA GPU" in parse_driver_failure(6, "No devices were found\n", "")
-    assert "lost" in parse_driver_failure(
+    assert "NVML" in nsp.parse_driver_failure(255, "Failed to initialize NVML: Unknown Error\n", "")
+    assert "no NVIDIA GPU" in nsp.parse_driver_failure(6, "No devices were found\n", "")
+    assert "lost" in nsp.parse_driver_failure(
         15, "Unable to determine the device handle for GPU0000:00:06.0: GPU is lost.\n", ""
     )
-    assert "rc 3" in parse_driver_failure(3, "something odd\n", "")
+    assert "rc 3" in nsp.parse_driver_failure(3, "something odd\n", "")
 
 
 def test_no_failure_on_success():
-    assert parse_driver_failure(0, capture("nvidia-smi.txt"), "") is None
-    assert parse_driver_failure(0, capture("query-gpu.csv"), "") is None
-    assert parse_driver_failure(0, "", "") is None
+    assert nsp.parse_driver_failure(0, capture("nvidia-smi.txt"), "") is None
+    assert nsp.parse_driver_failure(0, capture("query-gpu.csv"), "") is None
+    assert nsp.parse_driver_failure(0, "", "") is None
 
 
 # ----------------------------------------------------------------------------- compute capability
@@ -432,11 +385,11 @@ def test_no_failure_on_success():
     ],
 )
 def test_compute_cap_to_arch(cap, arch):
-    assert compute_cap_to_arch(cap) == arch
+    assert nsp.compute_cap_to_arch(cap) == arch
 
 
 def test_compute_cap_to_arch_invalid():
-    assert compute_cap_to_arch(None) is None
+    assert nsp.compute_cap_to_arch(None) is None
     for bad in ("", "9", "sm_90", "[N/A]", "9.0.1"):
         with pytest.raises(ValueError):
-            compute_cap_to_arch(bad)
+            nsp.compute_cap_to_arch(bad)

@@ -1,6 +1,7 @@
 """The simulated nvidia-smi (lab/gpusim/nvidia_smi.py), run as a subprocess.
 
-Checked against the real 2x H200 captures copied to tests/unit/fixtures/h200x2-vm/, and
+Checked against the real 2x H200 captures (idle: the profile's own lab/gpusim/profiles/h200x2-vm/captures/, which
+the renderer must reproduce byte for byte; busy: tests/unit/fixtures/h200x2-vm/busy/), and
 through the production parser (plugins/module_utils/nvidia_smi_parse.py).
 """
 
@@ -21,7 +22,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 SIM = REPO / "lab" / "gpusim" / "nvidia_smi.py"
 PROFILES = REPO / "lab" / "gpusim" / "profiles"
-FIXTURES = REPO / "tests" / "unit" / "fixtures" / "h200x2-vm"
+CAPTURES = PROFILES / "h200x2-vm" / "captures"
+BUSY = REPO / "tests" / "unit" / "fixtures" / "h200x2-vm" / "busy"
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils import nvidia_smi_parse as nsp  # noqa: E402
 
@@ -45,7 +47,7 @@ RENDERED_PROFILES = ["h200x2-vm", "h200x1-vm", "rtx-pro-6000x8-vm", "old-driver"
 
 
 def fixture_text(name):
-    return (FIXTURES / name).read_text(encoding="utf-8")
+    return (CAPTURES / name).read_text(encoding="utf-8")
 
 
 def p2p_sections():
@@ -190,17 +192,17 @@ def test_h200x2_busy_state_matches_the_busy_capture(smi, state_dir):
     # entry is registered as leaked (which counts whatever the process).
     write_alloc(state_dir, 1939, {0: 41478, 1: 41478}, name="python3", leak=True)
     table = smi("h200x2-vm").stdout
-    busy = (FIXTURES / "busy" / "nvidia-smi.txt").read_text()
+    busy = (BUSY / "nvidia-smi.txt").read_text()
     assert table.split("\n")[-5:] == busy.split("\n")[-5:]  # process rows and the closing rule
     assert "|   41478MiB / 143771MiB |" in table
     nounits = smi(
         "h200x2-vm", "--query-compute-apps=pid,used_memory,gpu_bus_id", "--format=csv,noheader,nounits"
     ).stdout
-    assert nounits == (FIXTURES / "busy" / "query-apps-nounits.csv").read_text()
+    assert nounits == (BUSY / "query-apps-nounits.csv").read_text()
     apps = smi("h200x2-vm", f"--query-compute-apps={QUERY_APPS_FIELDS}", "--format=csv").stdout
     # The busy capture came from another machine of the same kind: only the UUIDs differ.
     uuid_re = r"GPU-[0-9a-f-]{36}"
-    expected = (FIXTURES / "busy" / "query-apps.csv").read_text()
+    expected = (BUSY / "query-apps.csv").read_text()
     assert re.sub(uuid_re, "GPU-x", apps) == re.sub(uuid_re, "GPU-x", expected)
     q = smi("h200x2-vm", "-q", "-i", "0").stdout
     assert "        Used                                           : 41478 MiB\n" in q
