@@ -2,8 +2,8 @@
 
 The server flags have one owner (roles/sglang_server/tasks/flags.yml, wired by playbooks/vars/fleet.yml);
 tests that need the merged flags of an inventory run that entry point instead of copying the merge.
-``sglang_server_flags`` (inventory flags + the communication flags the role's filter sglang_comm_flags derives from
-gpu_facts_comm, as tasks/launch_spec.yml puts them on top) is defined for the expression when ``gpu_facts_comm`` is
+``sglang_server_flags`` (the role's `comm_flags` entry point: inventory flags + the communication flags derived from
+gpu_facts_comm on top, as tasks/launch_spec.yml runs it) is defined for the expression when ``gpu_facts_comm`` is
 among the extra vars.
 """
 
@@ -22,12 +22,8 @@ PLAY = """
   vars_files: ["{repo}/playbooks/vars/fleet.yml"]
   tasks:
     - ansible.builtin.import_role: {{name: sglang_server, tasks_from: flags}}
-    - ansible.builtin.set_fact:
-        sglang_server_flags: >-
-          {{{{ {{'sglang_server_inventory_flags': sglang_server_inventory_flags,
-                'sglang_server_comm.flags': (gpu_facts_comm | gpufleet.fleet.sglang_comm_flags(
-                    sglang_server_comm_flags_overrides)).flags if gpu_facts_comm is defined else {{}}}}
-               | gpufleet.fleet.sglang_merge_flags }}}}
+    - ansible.builtin.import_role: {{name: sglang_server, tasks_from: comm_flags}}
+      when: gpu_facts_comm is defined
     - ansible.builtin.debug:
         msg: {expr}
 """
