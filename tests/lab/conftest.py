@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,25 @@ def cgroup_mounts() -> list[Path]:
         if fstype == "cgroup2" or (fstype == "cgroup" and "name=systemd" in options.split(",")):
             points.append(Path(point))
     return points
+
+
+class ClientThreads:
+    """``workers`` client threads, each running the subclass's ``_run(index)`` from entering the ``with`` block
+    until ``stop`` is set at its end (then joined, 90 s at most each)."""
+
+    def __init__(self, workers: int):
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(workers)]
+
+    def _run(self, index: int) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=90)

@@ -7,6 +7,7 @@ logged "Failed to kill control group ... Input/output error" and left the unit's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -110,41 +111,39 @@ def still_running(host: str, unit: str, child: int) -> bool:
     return out.split() == ["active", "child-alive"]
 
 
-def test_control_group_stop_kills_every_process_of_the_unit(hosts):
-    unit = "cgtest-cg"
+@contextlib.contextmanager
+def stopped_on_the_first_host(hosts: list[str], unit: str):
+    """Start ``unit`` on both hosts, stop it on the first and yield what was seen (stop_and_look), after the checks
+    both kill modes share: no cgroup that failed to be killed, the child that ignores SIGTERM got SIGKILL and nothing
+    of the unit is left, the other host's unit of the same name was not touched. The unit is stopped on both hosts at
+    the end."""
     children = start_everywhere(unit)
     try:
         seen = stop_and_look(hosts[0], unit, children[hosts[0]])
         assert "Failed to kill control group" not in seen["journal"], seen["journal"]
+        assert f"Killing process {children[hosts[0]]} (cgtest-child) with signal SIGKILL" in seen["journal"], seen
+        assert seen["child_alive"] == "no" and seen["left"] == "", seen
+        assert still_running(hosts[1], unit, children[hosts[1]])
+        yield seen
+    finally:
+        for host in hosts:
+            sh(host, f"systemctl stop {unit}", check=False)
+
+
+def test_control_group_stop_kills_every_process_of_the_unit(hosts):
+    with stopped_on_the_first_host(hosts, "cgtest-cg") as seen:
         # SIGTERM reached every process, not only the main one ...
         # (systemd sends it again to what is left once the main process is gone: final-sigterm.)
         assert seen["main_signals"] == "TERM" and "TERM" in seen["child_signals"].split(), seen
-        # ... and the child that ignores it got SIGKILL after TimeoutStopSec (2 s).
-        assert f"Killing process {children[hosts[0]]} (cgtest-child) with signal SIGKILL" in seen["journal"], seen
+        # ... and the child that ignores it got SIGKILL (checked by the helper) after TimeoutStopSec (2 s).
         assert seen["seconds"] >= 1.9, seen
-        assert seen["child_alive"] == "no" and seen["left"] == "", seen
-        # The other host's unit of the same name was not touched.
-        assert still_running(hosts[1], unit, children[hosts[1]])
-    finally:
-        for host in hosts:
-            sh(host, f"systemctl stop {unit}", check=False)
 
 
 def test_mixed_stop_terms_the_main_process_only_and_kills_the_rest_after_it(hosts):
-    unit = "cgtest-mixed"
-    children = start_everywhere(unit)
-    try:
-        seen = stop_and_look(hosts[0], unit, children[hosts[0]])
-        assert "Failed to kill control group" not in seen["journal"], seen["journal"]
+    with stopped_on_the_first_host(hosts, "cgtest-mixed") as seen:
         assert seen["main_signals"] == "TERM", seen
-        assert seen["child_signals"] == "", seen  # the child never saw SIGTERM ...
-        assert seen["child_alive"] == "no" and seen["left"] == "", seen  # ... yet it is gone
-        assert f"Killing process {children[hosts[0]]} (cgtest-child) with signal SIGKILL" in seen["journal"], seen
+        assert seen["child_signals"] == "", seen  # the child never saw SIGTERM, yet it is gone (the helper's check)
         assert "remains running after unit stopped" not in seen["journal"], seen["journal"]
-        assert still_running(hosts[1], unit, children[hosts[1]])
-    finally:
-        for host in hosts:
-            sh(host, f"systemctl stop {unit}", check=False)
 
 
 def test_each_host_runs_in_its_own_cgroup_subtree(hosts):

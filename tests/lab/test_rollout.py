@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, lab, lab_json
+from conftest import ROOT, ClientThreads, lab, lab_json
 from lab_host import on
 
 sys.path.insert(0, str(ROOT / "tests/support"))
@@ -108,7 +108,7 @@ def lock_files(hosts: dict) -> dict:
     return {name: on(h, "ls /var/lib/gpufleet/locks 2>/dev/null || true").split() for name, h in hosts.items()}
 
 
-class Load:
+class Load(ClientThreads):
     """Continuous requests through the router: non-streaming short chat/completions and streaming long
     generations (several seconds each, so some are in flight when a worker leaves the router).
 
@@ -122,12 +122,11 @@ class Load:
         self.workers = workers
         self.deadline = time.monotonic() + limit_s
         self.limit_count = limit_count
-        self.stop = threading.Event()
         self.ok = {"stream": 0, "plain": 0}
         self.failures: list[str] = []
         self.failed_at: list[float] = []  # time.monotonic() of each failure
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(workers)]
+        super().__init__(workers)
 
     def _one(self, index: int, n: int) -> None:
         stream = index % 3 != 0
@@ -182,16 +181,6 @@ class Load:
                     self.failures.append(f"worker {index} request {n}: {exc!r}")
                     self.failed_at.append(time.monotonic())
                 time.sleep(0.2)  # a client that backs off a little, not a busy loop against a router that is down
-
-    def __enter__(self):
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=90)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import time
 
 import pytest
 import simfleet
-from conftest import LAB_ENV, ROOT, lab, lab_json
+from conftest import LAB_ENV, ROOT, ClientThreads, lab, lab_json
 from lab_host import chromium, health
 
 NAME = "t-bench"
@@ -189,7 +189,7 @@ def healthy_in_router(fleet) -> list[str]:
     return sorted(by_address.get(w["url"].rstrip("/"), w["url"]) for w in router_workers(fleet) if w["is_healthy"])
 
 
-class Clients:
+class Clients(ClientThreads):
     """Clients that send short chat completions one after another from `workers` threads to one address and record
     each request's latency; every failure counts, whatever its kind."""
 
@@ -197,8 +197,7 @@ class Clients:
         self.address, self.port, self.key = address, port, key
         self.latencies: list[float] = []
         self.failures: list[str] = []
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(workers)]
+        super().__init__(workers)
 
     def _run(self, index: int) -> None:
         n = 0
@@ -231,16 +230,6 @@ class Clients:
     def p(self, q: float) -> float:
         ordered = sorted(self.latencies)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    def __enter__(self):
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=90)
 
 
 def test_tune_ranks_variants_and_leaves_the_canary_as_it_was(fleet):
