@@ -161,6 +161,13 @@ class Dashboard:
     rows: tuple[Row, ...]
 
 
+def dashboard(
+    name: str, title: str, variables: tuple[Variable, ...], rows: tuple[Row, ...], description: str
+) -> Dashboard:
+    """A gpufleet dashboard: uid `gpufleet-<name>`, title `gpufleet / <title>`."""
+    return Dashboard(f"{TAG}-{name}", f"{TAG} / {title}", description, variables, rows)
+
+
 def t(expr: str, legend: str = "") -> Target:
     return Target(expr, legend)
 
@@ -176,6 +183,24 @@ def stat(title: str, unit: str, *targets: Target, **kw) -> Panel:
     kw.setdefault("width", 4)
     kw.setdefault("height", 4)
     return Panel(title, unit, targets, kind="stat", **kw)
+
+
+def memory_available(host: str) -> str:
+    """The share of memory available on the hosts of selector macro `host` (node-exporter)."""
+    return f"node_memory_MemAvailable_bytes{{{host}}} / node_memory_MemTotal_bytes{{{host}}}"
+
+
+def root_fs_free(host: str) -> str:
+    """The share of the root filesystem free on the hosts of selector macro `host` (node-exporter)."""
+    return (
+        f'node_filesystem_avail_bytes{{{host}, mountpoint="/"}} / node_filesystem_size_bytes{{{host}, mountpoint="/"}}'
+    )
+
+
+def or_zero(expr: str) -> str:
+    """`expr` (the rate of an smg counter with no series until its first event) or 0 for each gateway that counts
+    requests: a healthy gateway shows 0, not "No data" (the module docstring)."""
+    return f"{expr} or on (instance) 0 * sum by (instance) (rate(smg_http_requests_total{{SMG}}[$__rate_interval]))"
 
 
 UP_COLORS = (("red", None), ("green", 1))  # 0 bad, 1 good
@@ -200,598 +225,576 @@ def quantiles(metric: str, by: str, selector: str, legend: str, qs=(0.5, 0.99)) 
     )
 
 
-FLEET = Dashboard(
-    uid="gpufleet-fleet",
-    title="gpufleet / Fleet overview",
-    description="The fleet at a glance: engines, probe, traffic, latency, load, firing alerts and hosts.",
-    variables=(GPU_CLASS, SERVERS),
-    rows=(
-        Row(
-            "Health",
-            (
-                stat(
-                    "Servers up",
-                    "none",
-                    t("sum(up{SG})", "up"),
-                    t("count(up{SG})", "scraped"),
-                    description="SGLang engines answering their /metrics scrape, of the engines scraped.",
-                ),
-                stat(
-                    "Generation probe success",
-                    "percentunit",
-                    t("avg(probe_success{PROBE})", "success"),
-                    description="Share of servers whose last generation probe returned the known answer.",
-                    thresholds=(("red", None), ("orange", 0.5), ("green", 1)),
-                ),
-                stat(
-                    "Gateways up",
-                    "none",
-                    t('sum(up{job="smg"})', "up"),
-                    t('count(up{job="smg"})', "scraped"),
-                    description="smg gateways answering their Prometheus scrape.",
-                ),
-                stat(
-                    "Request rate",
-                    "reqps",
-                    t("sum(rate(sglang:e2e_request_latency_seconds_count{SG}[$__rate_interval]))", "requests/s"),
-                    description="Requests finished per second by the selected engines.",
-                ),
-                stat(
-                    "Generation tokens/s",
-                    "short",
-                    t("sum(rate(sglang:generation_tokens_total{SG}[$__rate_interval]))", "tokens/s"),
-                    description="Tokens generated per second by the selected engines (finished requests).",
-                ),
-                stat(
-                    "Firing alerts",
-                    "none",
-                    t('count(ALERTS{alertstate="firing"}) or vector(0)', "firing"),
-                    description="Alerts firing now, fleet-wide (gpufleet-alerts.yml). 0 when none fires.",
-                    thresholds=BAD_IF_ANY,
-                ),
+FLEET_ROWS = (
+    Row(
+        "Health",
+        (
+            stat(
+                "Servers up",
+                "none",
+                t("sum(up{SG})", "up"),
+                t("count(up{SG})", "scraped"),
+                description="SGLang engines answering their /metrics scrape, of the engines scraped.",
+            ),
+            stat(
+                "Generation probe success",
+                "percentunit",
+                t("avg(probe_success{PROBE})", "success"),
+                description="Share of servers whose last generation probe returned the known answer.",
+                thresholds=(("red", None), ("orange", 0.5), ("green", 1)),
+            ),
+            stat(
+                "Gateways up",
+                "none",
+                t('sum(up{job="smg"})', "up"),
+                t('count(up{job="smg"})', "scraped"),
+                description="smg gateways answering their Prometheus scrape.",
+            ),
+            stat(
+                "Request rate",
+                "reqps",
+                t("sum(rate(sglang:e2e_request_latency_seconds_count{SG}[$__rate_interval]))", "requests/s"),
+                description="Requests finished per second by the selected engines.",
+            ),
+            stat(
+                "Generation tokens/s",
+                "short",
+                t("sum(rate(sglang:generation_tokens_total{SG}[$__rate_interval]))", "tokens/s"),
+                description="Tokens generated per second by the selected engines (finished requests).",
+            ),
+            stat(
+                "Firing alerts",
+                "none",
+                t('count(ALERTS{alertstate="firing"}) or vector(0)', "firing"),
+                description="Alerts firing now, fleet-wide (gpufleet-alerts.yml). 0 when none fires.",
+                thresholds=BAD_IF_ANY,
             ),
         ),
-        Row(
-            "Traffic",
-            (
-                ts(
-                    "Request rate by server",
-                    "reqps",
-                    t(
-                        "sum by (instance) (rate(sglang:e2e_request_latency_seconds_count{SG}[$__rate_interval]))",
-                        "{{instance}}",
-                    ),
+    ),
+    Row(
+        "Traffic",
+        (
+            ts(
+                "Request rate by server",
+                "reqps",
+                t(
+                    "sum by (instance) (rate(sglang:e2e_request_latency_seconds_count{SG}[$__rate_interval]))",
+                    "{{instance}}",
                 ),
-                ts(
-                    "Generation tokens/s by server",
-                    "short",
-                    t("sum by (instance) (rate(sglang:generation_tokens_total{SG}[$__rate_interval]))", "{{instance}}"),
-                ),
-                ts(
-                    "Generation probe duration",
-                    "s",
-                    t("probe_duration_seconds{PROBE}", "{{instance}}"),
-                    description="Seconds the blackbox exporter's real generation took on each server.",
-                ),
+            ),
+            ts(
+                "Generation tokens/s by server",
+                "short",
+                t("sum by (instance) (rate(sglang:generation_tokens_total{SG}[$__rate_interval]))", "{{instance}}"),
+            ),
+            ts(
+                "Generation probe duration",
+                "s",
+                t("probe_duration_seconds{PROBE}", "{{instance}}"),
+                description="Seconds the blackbox exporter's real generation took on each server.",
             ),
         ),
-        Row(
-            "Latency (by GPU class)",
-            (
-                ts(
-                    "Time to first token p50 / p99",
-                    "s",
-                    *quantiles("sglang:time_to_first_token_seconds", "gpu_class", "{SG}", "{{gpu_class}}"),
-                ),
-                ts(
-                    "Inter-token latency p99",
-                    "s",
-                    *quantiles("sglang:inter_token_latency_seconds", "gpu_class", "{SG}", "{{gpu_class}}", (0.99,)),
-                ),
-                ts(
-                    "End-to-end request latency p50 / p99",
-                    "s",
-                    *quantiles("sglang:e2e_request_latency_seconds", "gpu_class", "{SG}", "{{gpu_class}}"),
-                ),
+    ),
+    Row(
+        "Latency (by GPU class)",
+        (
+            ts(
+                "Time to first token p50 / p99",
+                "s",
+                *quantiles("sglang:time_to_first_token_seconds", "gpu_class", "{SG}", "{{gpu_class}}"),
+            ),
+            ts(
+                "Inter-token latency p99",
+                "s",
+                *quantiles("sglang:inter_token_latency_seconds", "gpu_class", "{SG}", "{{gpu_class}}", (0.99,)),
+            ),
+            ts(
+                "End-to-end request latency p50 / p99",
+                "s",
+                *quantiles("sglang:e2e_request_latency_seconds", "gpu_class", "{SG}", "{{gpu_class}}"),
             ),
         ),
-        Row(
-            "Load",
-            (
-                ts(
-                    "Queued requests",
-                    "short",
-                    t("sum by (instance) (sglang:num_queue_reqs{SG})", "{{instance}}"),
-                    description="Requests waiting in each engine's queue.",
-                ),
-                ts(
-                    "Running requests",
-                    "short",
-                    t("sum by (instance) (sglang:num_running_reqs{SG})", "{{instance}}"),
-                ),
-                ts(
-                    "KV cache token usage",
-                    "percentunit",
-                    t("max by (instance) (sglang:token_usage{SG})", "{{instance}}"),
-                    description="Share of the KV-cache token pool in use (the KVCacheFull alert watches > 90%).",
-                ),
+    ),
+    Row(
+        "Load",
+        (
+            ts(
+                "Queued requests",
+                "short",
+                t("sum by (instance) (sglang:num_queue_reqs{SG})", "{{instance}}"),
+                description="Requests waiting in each engine's queue.",
+            ),
+            ts(
+                "Running requests",
+                "short",
+                t("sum by (instance) (sglang:num_running_reqs{SG})", "{{instance}}"),
+            ),
+            ts(
+                "KV cache token usage",
+                "percentunit",
+                t("max by (instance) (sglang:token_usage{SG})", "{{instance}}"),
+                description="Share of the KV-cache token pool in use (the KVCacheFull alert watches > 90%).",
             ),
         ),
-        Row(
-            "Hosts (every role)",
-            (
-                stat(
-                    "Fleet units active",
-                    "none",
-                    t('sum(node_systemd_unit_state{NODE, name=~"sglang.*|smg.*", state="active"})', "active"),
-                    t('count(node_systemd_unit_state{NODE, name=~"sglang.*|smg.*", state="active"})', "units"),
-                    description="sglang-server and smg-router units in state active, of the units reported.",
-                    width=6,
-                    height=8,
-                ),
-                ts(
-                    "Root filesystem free",
-                    "percentunit",
-                    t(
-                        'node_filesystem_avail_bytes{NODE, mountpoint="/"}'
-                        ' / node_filesystem_size_bytes{NODE, mountpoint="/"}',
-                        "{{instance}} ({{role}})",
-                    ),
-                    width=6,
-                ),
-                ts(
-                    "Memory available",
-                    "percentunit",
-                    t(
-                        "node_memory_MemAvailable_bytes{NODE} / node_memory_MemTotal_bytes{NODE}",
-                        "{{instance}} ({{role}})",
-                    ),
-                    width=6,
-                ),
-                ts("Load (1 min)", "short", t("node_load1{NODE}", "{{instance}} ({{role}})"), width=6),
+    ),
+    Row(
+        "Hosts (every role)",
+        (
+            stat(
+                "Fleet units active",
+                "none",
+                t('sum(node_systemd_unit_state{NODE, name=~"sglang.*|smg.*", state="active"})', "active"),
+                t('count(node_systemd_unit_state{NODE, name=~"sglang.*|smg.*", state="active"})', "units"),
+                description="sglang-server and smg-router units in state active, of the units reported.",
+                width=6,
+                height=8,
             ),
+            ts("Root filesystem free", "percentunit", t(root_fs_free("NODE"), "{{instance}} ({{role}})"), width=6),
+            ts("Memory available", "percentunit", t(memory_available("NODE"), "{{instance}} ({{role}})"), width=6),
+            ts("Load (1 min)", "short", t("node_load1{NODE}", "{{instance}} ({{role}})"), width=6),
         ),
     ),
 )
 
-SERVER = Dashboard(
-    uid="gpufleet-server",
-    title="gpufleet / Server",
-    description="One SGLang server: engine, probe, requests, latency, KV cache, GPUs and host.",
-    variables=(GPU_CLASS, ONE_SERVER),
-    rows=(
-        Row(
-            "Status",
-            (
-                stat("Engine up", "none", t("up{SG}", "{{instance}}"), thresholds=UP_COLORS),
-                stat("Generation probe", "none", t("probe_success{PROBE}", "{{instance}}"), thresholds=UP_COLORS),
-                stat("Probe duration", "s", t("probe_duration_seconds{PROBE}", "{{instance}}")),
-                stat(
-                    "sglang unit active",
-                    "none",
-                    t('node_systemd_unit_state{HOST, name=~"sglang.*", state="active"}', "{{name}}"),
-                    thresholds=UP_COLORS,
-                ),
-                stat(
-                    "Restarts (1h)",
-                    "none",
-                    t('increase(node_systemd_service_restart_total{HOST, name=~"sglang.*"}[1h])', "{{name}}"),
-                    description="Restarts of the engine's unit by systemd in the last hour (crashes, OOM kills).",
-                    thresholds=BAD_IF_ANY,
-                ),
-                stat(
-                    "GPU collector",
-                    "none",
-                    t("gpufleet_gpu_collector_success{HOST}", "{{instance}}"),
-                    description="1 when the last nvidia-smi reading succeeded.",
-                    thresholds=UP_COLORS,
-                ),
+SERVER_ROWS = (
+    Row(
+        "Status",
+        (
+            stat("Engine up", "none", t("up{SG}", "{{instance}}"), thresholds=UP_COLORS),
+            stat("Generation probe", "none", t("probe_success{PROBE}", "{{instance}}"), thresholds=UP_COLORS),
+            stat("Probe duration", "s", t("probe_duration_seconds{PROBE}", "{{instance}}")),
+            stat(
+                "sglang unit active",
+                "none",
+                t('node_systemd_unit_state{HOST, name=~"sglang.*", state="active"}', "{{name}}"),
+                thresholds=UP_COLORS,
+            ),
+            stat(
+                "Restarts (1h)",
+                "none",
+                t('increase(node_systemd_service_restart_total{HOST, name=~"sglang.*"}[1h])', "{{name}}"),
+                description="Restarts of the engine's unit by systemd in the last hour (crashes, OOM kills).",
+                thresholds=BAD_IF_ANY,
+            ),
+            stat(
+                "GPU collector",
+                "none",
+                t("gpufleet_gpu_collector_success{HOST}", "{{instance}}"),
+                description="1 when the last nvidia-smi reading succeeded.",
+                thresholds=UP_COLORS,
             ),
         ),
-        Row(
-            "Requests",
-            (
-                ts(
-                    "Running and queued requests",
-                    "short",
-                    t("sglang:num_running_reqs{SG}", "running {{instance}}"),
-                    t("sglang:num_queue_reqs{SG}", "queued {{instance}}"),
+    ),
+    Row(
+        "Requests",
+        (
+            ts(
+                "Running and queued requests",
+                "short",
+                t("sglang:num_running_reqs{SG}", "running {{instance}}"),
+                t("sglang:num_queue_reqs{SG}", "queued {{instance}}"),
+            ),
+            ts(
+                "Request rate",
+                "reqps",
+                t(
+                    "sum by (instance) (rate(sglang:e2e_request_latency_seconds_count{SG}[$__rate_interval]))",
+                    "{{instance}}",
                 ),
-                ts(
-                    "Request rate",
-                    "reqps",
-                    t(
-                        "sum by (instance) (rate(sglang:e2e_request_latency_seconds_count{SG}[$__rate_interval]))",
-                        "{{instance}}",
-                    ),
+            ),
+            ts(
+                "Tokens/s",
+                "short",
+                t(
+                    "sum by (instance) (rate(sglang:generation_tokens_total{SG}[$__rate_interval]))",
+                    "generated {{instance}}",
                 ),
-                ts(
-                    "Tokens/s",
-                    "short",
-                    t(
-                        "sum by (instance) (rate(sglang:generation_tokens_total{SG}[$__rate_interval]))",
-                        "generated {{instance}}",
-                    ),
-                    t(
-                        "sum by (instance) (rate(sglang:prompt_tokens_total{SG}[$__rate_interval]))",
-                        "prompt {{instance}}",
-                    ),
-                    t("sglang:gen_throughput{SG}", "engine-reported {{instance}}"),
-                    description="Generated and prompt tokens per second (counters of finished requests), and the "
-                    "engine's own generation throughput gauge.",
+                t(
+                    "sum by (instance) (rate(sglang:prompt_tokens_total{SG}[$__rate_interval]))",
+                    "prompt {{instance}}",
                 ),
+                t("sglang:gen_throughput{SG}", "engine-reported {{instance}}"),
+                description="Generated and prompt tokens per second (counters of finished requests), and the "
+                "engine's own generation throughput gauge.",
             ),
         ),
-        Row(
-            "Latency",
-            (
-                ts(
-                    "Time to first token",
-                    "s",
-                    *quantiles("sglang:time_to_first_token_seconds", "instance", "{SG}", "{{instance}}"),
-                    t(
-                        "sum by (instance) (rate(sglang:time_to_first_token_seconds_sum{SG}[$__rate_interval]))"
-                        " / sum by (instance) (rate(sglang:time_to_first_token_seconds_count{SG}[$__rate_interval]))",
-                        "{{instance}} mean",
-                    ),
+    ),
+    Row(
+        "Latency",
+        (
+            ts(
+                "Time to first token",
+                "s",
+                *quantiles("sglang:time_to_first_token_seconds", "instance", "{SG}", "{{instance}}"),
+                t(
+                    "sum by (instance) (rate(sglang:time_to_first_token_seconds_sum{SG}[$__rate_interval]))"
+                    " / sum by (instance) (rate(sglang:time_to_first_token_seconds_count{SG}[$__rate_interval]))",
+                    "{{instance}} mean",
                 ),
-                ts(
-                    "Inter-token latency",
-                    "s",
-                    *quantiles("sglang:inter_token_latency_seconds", "instance", "{SG}", "{{instance}}"),
-                ),
-                ts(
-                    "End-to-end request latency",
-                    "s",
-                    *quantiles("sglang:e2e_request_latency_seconds", "instance", "{SG}", "{{instance}}"),
-                ),
+            ),
+            ts(
+                "Inter-token latency",
+                "s",
+                *quantiles("sglang:inter_token_latency_seconds", "instance", "{SG}", "{{instance}}"),
+            ),
+            ts(
+                "End-to-end request latency",
+                "s",
+                *quantiles("sglang:e2e_request_latency_seconds", "instance", "{SG}", "{{instance}}"),
             ),
         ),
-        Row(
-            "KV cache",
-            (
-                ts("Token usage", "percentunit", t("sglang:token_usage{SG}", "{{instance}}")),
-                ts("Used tokens", "short", t("sglang:num_used_tokens{SG}", "{{instance}}")),
-                ts("Prefix cache hit rate", "percentunit", t("sglang:cache_hit_rate{SG}", "{{instance}}")),
-            ),
+    ),
+    Row(
+        "KV cache",
+        (
+            ts("Token usage", "percentunit", t("sglang:token_usage{SG}", "{{instance}}")),
+            ts("Used tokens", "short", t("sglang:num_used_tokens{SG}", "{{instance}}")),
+            ts("Prefix cache hit rate", "percentunit", t("sglang:cache_hit_rate{SG}", "{{instance}}")),
         ),
-        Row(
-            "GPUs and host",
-            (
-                ts(
-                    "GPU utilisation",
-                    "percentunit",
-                    t("gpufleet_gpu_utilization_ratio{HOST}", "GPU {{gpu}}"),
-                    width=6,
-                ),
-                ts(
-                    "GPU memory",
-                    "bytes",
-                    t("gpufleet_gpu_memory_used_bytes{HOST}", "used GPU {{gpu}}"),
-                    t("gpufleet_gpu_memory_engine_bytes{HOST}", "engine GPU {{gpu}}"),
-                    t("gpufleet_gpu_memory_total_bytes{HOST}", "total GPU {{gpu}}"),
-                    width=6,
-                ),
-                ts(
-                    "Host memory and root filesystem free",
-                    "percentunit",
-                    t("node_memory_MemAvailable_bytes{HOST} / node_memory_MemTotal_bytes{HOST}", "memory available"),
-                    t(
-                        'node_filesystem_avail_bytes{HOST, mountpoint="/"}'
-                        ' / node_filesystem_size_bytes{HOST, mountpoint="/"}',
-                        "/ free",
-                    ),
-                    width=6,
-                ),
-                ts("Host load (1 min)", "short", t("node_load1{HOST}", "load1"), width=6),
+    ),
+    Row(
+        "GPUs and host",
+        (
+            ts(
+                "GPU utilisation",
+                "percentunit",
+                t("gpufleet_gpu_utilization_ratio{HOST}", "GPU {{gpu}}"),
+                width=6,
             ),
+            ts(
+                "GPU memory",
+                "bytes",
+                t("gpufleet_gpu_memory_used_bytes{HOST}", "used GPU {{gpu}}"),
+                t("gpufleet_gpu_memory_engine_bytes{HOST}", "engine GPU {{gpu}}"),
+                t("gpufleet_gpu_memory_total_bytes{HOST}", "total GPU {{gpu}}"),
+                width=6,
+            ),
+            ts(
+                "Host memory and root filesystem free",
+                "percentunit",
+                t(memory_available("HOST"), "memory available"),
+                t(root_fs_free("HOST"), "/ free"),
+                width=6,
+            ),
+            ts("Host load (1 min)", "short", t("node_load1{HOST}", "load1"), width=6),
         ),
     ),
 )
 
-GPUS = Dashboard(
-    uid="gpufleet-gpus",
-    title="gpufleet / GPUs",
-    description="Every GPU of the selected servers (nvidia-smi through node-exporter's textfile collector).",
-    variables=(GPU_CLASS, SERVERS),
-    rows=(
-        Row(
-            "Summary",
-            (
-                stat("GPUs reporting", "none", t("count(gpufleet_gpu_utilization_ratio{HOST})", "GPUs")),
-                stat(
-                    "Collectors OK",
-                    "none",
-                    t("sum(gpufleet_gpu_collector_success{HOST})", "ok"),
-                    t("count(gpufleet_gpu_collector_success{HOST})", "hosts"),
-                    description="Hosts whose last nvidia-smi reading succeeded, of the GPU hosts.",
-                ),
-                stat("Mean utilisation", "percentunit", t("avg(gpufleet_gpu_utilization_ratio{HOST})", "mean")),
-                stat(
-                    "Hottest GPU",
-                    "celsius",
-                    t("max(gpufleet_gpu_temperature_celsius{HOST})", "max"),
-                    thresholds=(("green", None), ("orange", 80), ("red", 88)),
-                ),
-                stat("Power draw", "watt", t("sum(gpufleet_gpu_power_watts{HOST})", "total")),
-                stat(
-                    "Foreign memory",
-                    "bytes",
-                    t("sum(gpufleet_gpu_memory_foreign_bytes{HOST})", "total"),
-                    description="GPU memory held by processes that are not the engine's (alert above 1 GiB a GPU).",
-                    thresholds=(("green", None), ("red", 1073741824)),
+GPUS_ROWS = (
+    Row(
+        "Summary",
+        (
+            stat("GPUs reporting", "none", t("count(gpufleet_gpu_utilization_ratio{HOST})", "GPUs")),
+            stat(
+                "Collectors OK",
+                "none",
+                t("sum(gpufleet_gpu_collector_success{HOST})", "ok"),
+                t("count(gpufleet_gpu_collector_success{HOST})", "hosts"),
+                description="Hosts whose last nvidia-smi reading succeeded, of the GPU hosts.",
+            ),
+            stat("Mean utilisation", "percentunit", t("avg(gpufleet_gpu_utilization_ratio{HOST})", "mean")),
+            stat(
+                "Hottest GPU",
+                "celsius",
+                t("max(gpufleet_gpu_temperature_celsius{HOST})", "max"),
+                thresholds=(("green", None), ("orange", 80), ("red", 88)),
+            ),
+            stat("Power draw", "watt", t("sum(gpufleet_gpu_power_watts{HOST})", "total")),
+            stat(
+                "Foreign memory",
+                "bytes",
+                t("sum(gpufleet_gpu_memory_foreign_bytes{HOST})", "total"),
+                description="GPU memory held by processes that are not the engine's (alert above 1 GiB a GPU).",
+                thresholds=(("green", None), ("red", 1073741824)),
+            ),
+        ),
+    ),
+    Row(
+        "Utilisation and memory",
+        (
+            ts(
+                "Utilisation",
+                "percentunit",
+                t("gpufleet_gpu_utilization_ratio{HOST}", "{{instance}} GPU {{gpu}}"),
+            ),
+            ts(
+                "Memory used vs total",
+                "bytes",
+                t("gpufleet_gpu_memory_used_bytes{HOST}", "{{instance}} GPU {{gpu}} used"),
+                t("gpufleet_gpu_memory_total_bytes{HOST}", "{{instance}} GPU {{gpu}} total"),
+            ),
+            ts(
+                "Memory used (share)",
+                "percentunit",
+                t(
+                    "gpufleet_gpu_memory_used_bytes{HOST} / gpufleet_gpu_memory_total_bytes{HOST}",
+                    "{{instance}} GPU {{gpu}}",
                 ),
             ),
         ),
-        Row(
-            "Utilisation and memory",
-            (
-                ts(
-                    "Utilisation",
-                    "percentunit",
-                    t("gpufleet_gpu_utilization_ratio{HOST}", "{{instance}} GPU {{gpu}}"),
-                ),
-                ts(
-                    "Memory used vs total",
-                    "bytes",
-                    t("gpufleet_gpu_memory_used_bytes{HOST}", "{{instance}} GPU {{gpu}} used"),
-                    t("gpufleet_gpu_memory_total_bytes{HOST}", "{{instance}} GPU {{gpu}} total"),
-                ),
-                ts(
-                    "Memory used (share)",
-                    "percentunit",
-                    t(
-                        "gpufleet_gpu_memory_used_bytes{HOST} / gpufleet_gpu_memory_total_bytes{HOST}",
-                        "{{instance}} GPU {{gpu}}",
-                    ),
-                ),
+    ),
+    Row(
+        "Engine and foreign memory",
+        (
+            ts(
+                "Engine memory",
+                "bytes",
+                t("gpufleet_gpu_memory_engine_bytes{HOST}", "{{instance}} GPU {{gpu}}"),
+                description="GPU memory of the processes of the engine's systemd unit.",
+                width=12,
+            ),
+            ts(
+                "Foreign memory",
+                "bytes",
+                t("gpufleet_gpu_memory_foreign_bytes{HOST}", "{{instance}} GPU {{gpu}}"),
+                description="Used memory not held by the engine: an orphaned scheduler, another program, a leak. "
+                "GpufleetGpuForeignMemory fires above 1 GiB.",
+                width=12,
             ),
         ),
-        Row(
-            "Engine and foreign memory",
-            (
-                ts(
-                    "Engine memory",
-                    "bytes",
-                    t("gpufleet_gpu_memory_engine_bytes{HOST}", "{{instance}} GPU {{gpu}}"),
-                    description="GPU memory of the processes of the engine's systemd unit.",
-                    width=12,
-                ),
-                ts(
-                    "Foreign memory",
-                    "bytes",
-                    t("gpufleet_gpu_memory_foreign_bytes{HOST}", "{{instance}} GPU {{gpu}}"),
-                    description="Used memory not held by the engine: an orphaned scheduler, another program, a leak. "
-                    "GpufleetGpuForeignMemory fires above 1 GiB.",
-                    width=12,
-                ),
+    ),
+    Row(
+        "Temperature and power",
+        (
+            ts(
+                "Temperature",
+                "celsius",
+                t("gpufleet_gpu_temperature_celsius{HOST}", "{{instance}} GPU {{gpu}}"),
+                width=12,
             ),
-        ),
-        Row(
-            "Temperature and power",
-            (
-                ts(
-                    "Temperature",
-                    "celsius",
-                    t("gpufleet_gpu_temperature_celsius{HOST}", "{{instance}} GPU {{gpu}}"),
-                    width=12,
-                ),
-                ts("Power", "watt", t("gpufleet_gpu_power_watts{HOST}", "{{instance}} GPU {{gpu}}"), width=12),
-            ),
+            ts("Power", "watt", t("gpufleet_gpu_power_watts{HOST}", "{{instance}} GPU {{gpu}}"), width=12),
         ),
     ),
 )
 
-ROUTER = Dashboard(
-    uid="gpufleet-router",
-    title="gpufleet / Router (smg)",
-    description="The smg gateways: traffic, errors, latency and workers; the engines behind them by GPU class.",
-    variables=(GPU_CLASS, GATEWAYS),
-    rows=(
-        Row(
-            "Gateways",
-            (
-                stat("Gateway up", "none", t("up{SMG}", "{{instance}}"), thresholds=UP_COLORS),
-                stat(
-                    "Healthy workers",
-                    "none",
-                    t("sum by (instance) (smg_worker_health{SMG} == bool 1)", "{{instance}}"),
-                    description="Workers each gateway lists as healthy (smg_worker_health == 1).",
-                    thresholds=UP_COLORS,
-                ),
-                stat(
-                    "smg unit active",
-                    "none",
-                    t('node_systemd_unit_state{SMG_NODE, name=~"smg.*", state="active"}', "{{instance}}"),
-                    thresholds=UP_COLORS,
-                ),
-                stat(
-                    "Restarts (1h)",
-                    "none",
-                    t('increase(node_systemd_service_restart_total{SMG_NODE, name=~"smg.*"}[1h])', "{{instance}}"),
-                    thresholds=BAD_IF_ANY,
-                ),
-                stat(
-                    "In-flight requests",
-                    "none",
-                    t("smg_http_connections_active{SMG}", "{{instance}}"),
-                    description="HTTP requests the gateway is serving now.",
-                ),
-                stat(
-                    "Routed requests/s",
-                    "reqps",
-                    t("sum by (instance) (rate(smg_router_requests_total{SMG}[$__rate_interval]))", "{{instance}}"),
-                    description="Requests routed to a worker per second (smg_router_requests_total).",
-                ),
+ROUTER_ROWS = (
+    Row(
+        "Gateways",
+        (
+            stat("Gateway up", "none", t("up{SMG}", "{{instance}}"), thresholds=UP_COLORS),
+            stat(
+                "Healthy workers",
+                "none",
+                t("sum by (instance) (smg_worker_health{SMG} == bool 1)", "{{instance}}"),
+                description="Workers each gateway lists as healthy (smg_worker_health == 1).",
+                thresholds=UP_COLORS,
+            ),
+            stat(
+                "smg unit active",
+                "none",
+                t('node_systemd_unit_state{SMG_NODE, name=~"smg.*", state="active"}', "{{instance}}"),
+                thresholds=UP_COLORS,
+            ),
+            stat(
+                "Restarts (1h)",
+                "none",
+                t('increase(node_systemd_service_restart_total{SMG_NODE, name=~"smg.*"}[1h])', "{{instance}}"),
+                thresholds=BAD_IF_ANY,
+            ),
+            stat(
+                "In-flight requests",
+                "none",
+                t("smg_http_connections_active{SMG}", "{{instance}}"),
+                description="HTTP requests the gateway is serving now.",
+            ),
+            stat(
+                "Routed requests/s",
+                "reqps",
+                t("sum by (instance) (rate(smg_router_requests_total{SMG}[$__rate_interval]))", "{{instance}}"),
+                description="Requests routed to a worker per second (smg_router_requests_total).",
             ),
         ),
-        Row(
-            "Traffic",
-            (
-                ts(
-                    "HTTP requests by route",
-                    "reqps",
-                    t(
-                        "sum by (instance, path) (rate(smg_http_requests_total{SMG}[$__rate_interval]))",
-                        "{{instance}} {{path}}",
-                    ),
-                    description="Every request the gateway received, by matched route (health checks included).",
+    ),
+    Row(
+        "Traffic",
+        (
+            ts(
+                "HTTP requests by route",
+                "reqps",
+                t(
+                    "sum by (instance, path) (rate(smg_http_requests_total{SMG}[$__rate_interval]))",
+                    "{{instance}} {{path}}",
                 ),
-                ts(
-                    "Routed requests by model and endpoint",
-                    "reqps",
-                    t(
-                        "sum by (instance, model, endpoint) (rate(smg_router_requests_total{SMG}[$__rate_interval]))",
-                        "{{instance}} {{model}} {{endpoint}}",
-                    ),
-                ),
-                ts(
-                    "Running requests per worker",
-                    "short",
-                    t("smg_worker_requests_active{SMG}", "{{instance}} -> {{worker}}"),
+                description="Every request the gateway received, by matched route (health checks included).",
+            ),
+            ts(
+                "Routed requests by model and endpoint",
+                "reqps",
+                t(
+                    "sum by (instance, model, endpoint) (rate(smg_router_requests_total{SMG}[$__rate_interval]))",
+                    "{{instance}} {{model}} {{endpoint}}",
                 ),
             ),
+            ts(
+                "Running requests per worker",
+                "short",
+                t("smg_worker_requests_active{SMG}", "{{instance}} -> {{worker}}"),
+            ),
         ),
-        Row(
-            "Errors",
-            (
-                ts(
-                    "Responses by status code",
-                    "reqps",
-                    t(
-                        "sum by (instance, status_code) (rate(smg_http_responses_total{SMG}[$__rate_interval]))",
-                        "{{instance}} {{status_code}}",
-                    ),
+    ),
+    Row(
+        "Errors",
+        (
+            ts(
+                "Responses by status code",
+                "reqps",
+                t(
+                    "sum by (instance, status_code) (rate(smg_http_responses_total{SMG}[$__rate_interval]))",
+                    "{{instance}} {{status_code}}",
                 ),
-                ts(
-                    "Inference error ratio",
-                    "percentunit",
-                    t(
-                        "(sum by (instance) ("
-                        'rate(smg_http_responses_total{SMG_INFER, status_code=~"5.."}[$__rate_interval])'
-                        " or "
-                        'rate(smg_http_responses_total{SMG_INFER, error_code=~"stream_error|model_not_found"}'
-                        "[$__rate_interval]))"
-                        " or on (instance) "
-                        "0 * sum by (instance) (rate(smg_http_responses_total{SMG_INFER}[$__rate_interval])))"
-                        " / "
-                        'sum by (instance) (rate(smg_http_responses_total{SMG_INFER, status_code!="499"}'
-                        "[$__rate_interval]))",
-                        "{{instance}}",
-                    ),
-                    description="Inference requests answered with a 5xx, a broken stream or no worker for the "
-                    "model, of those answered (a client's 499 left out): GpufleetRouterErrorRate fires above 5%.",
+            ),
+            ts(
+                "Inference error ratio",
+                "percentunit",
+                t(
+                    "(sum by (instance) ("
+                    'rate(smg_http_responses_total{SMG_INFER, status_code=~"5.."}[$__rate_interval])'
+                    " or "
+                    'rate(smg_http_responses_total{SMG_INFER, error_code=~"stream_error|model_not_found"}'
+                    "[$__rate_interval]))"
+                    " or on (instance) "
+                    "0 * sum by (instance) (rate(smg_http_responses_total{SMG_INFER}[$__rate_interval])))"
+                    " / "
+                    'sum by (instance) (rate(smg_http_responses_total{SMG_INFER, status_code!="499"}'
+                    "[$__rate_interval]))",
+                    "{{instance}}",
                 ),
-                ts(
-                    "Router errors by type",
-                    "reqps",
-                    t(
+                description="Inference requests answered with a 5xx, a broken stream or no worker for the "
+                "model, of those answered (a client's 499 left out): GpufleetRouterErrorRate fires above 5%.",
+            ),
+            ts(
+                "Router errors by type",
+                "reqps",
+                t(
+                    or_zero(
                         "sum by (instance, error_type) (rate(smg_router_request_errors_total{SMG}[$__rate_interval]))"
-                        " or on (instance) "
-                        "0 * sum by (instance) (rate(smg_http_requests_total{SMG}[$__rate_interval]))",
-                        "{{instance}} {{error_type}}",
                     ),
-                ),
-                ts(
-                    "Worker errors and retries",
-                    "reqps",
-                    t(
-                        "sum by (instance, error_type) (rate(smg_worker_errors_total{SMG}[$__rate_interval]))"
-                        " or on (instance) "
-                        "0 * sum by (instance) (rate(smg_http_requests_total{SMG}[$__rate_interval]))",
-                        "{{instance}} error {{error_type}}",
-                    ),
-                    t(
-                        "sum by (instance, endpoint) (rate(smg_worker_retries_total{SMG}[$__rate_interval]))"
-                        " or on (instance) "
-                        "0 * sum by (instance) (rate(smg_http_requests_total{SMG}[$__rate_interval]))",
-                        "{{instance}} retry {{endpoint}}",
-                    ),
-                    width=12,
-                ),
-                ts(
-                    "Worker health checks by result",
-                    "ops",
-                    t(
-                        "sum by (instance, result) (rate(smg_worker_health_checks_total{SMG}[$__rate_interval]))",
-                        "{{instance}} {{result}}",
-                    ),
-                    width=12,
+                    "{{instance}} {{error_type}}",
                 ),
             ),
-        ),
-        Row(
-            "Latency",
-            (
-                ts(
-                    "Routed request latency",
-                    "s",
-                    *quantiles("smg_router_request_duration_seconds", "instance", "{SMG}", "{{instance}}"),
-                    width=12,
+            ts(
+                "Worker errors and retries",
+                "reqps",
+                t(
+                    or_zero("sum by (instance, error_type) (rate(smg_worker_errors_total{SMG}[$__rate_interval]))"),
+                    "{{instance}} error {{error_type}}",
                 ),
-                ts(
-                    "HTTP request latency p99 by route",
-                    "s",
-                    *quantiles(
-                        "smg_http_request_duration_seconds", "instance, path", "{SMG}", "{{instance}} {{path}}", (0.99,)
-                    ),
-                    width=12,
+                t(
+                    or_zero("sum by (instance, endpoint) (rate(smg_worker_retries_total{SMG}[$__rate_interval]))"),
+                    "{{instance}} retry {{endpoint}}",
                 ),
+                width=12,
+            ),
+            ts(
+                "Worker health checks by result",
+                "ops",
+                t(
+                    "sum by (instance, result) (rate(smg_worker_health_checks_total{SMG}[$__rate_interval]))",
+                    "{{instance}} {{result}}",
+                ),
+                width=12,
             ),
         ),
-        Row(
-            "Workers",
-            (
-                ts(
-                    "Worker health",
-                    "none",
-                    t("smg_worker_health{SMG}", "{{instance}} -> {{worker}}"),
-                    description="1 healthy, 0 unhealthy (a worker removed from the gateway stays at -1).",
+    ),
+    Row(
+        "Latency",
+        (
+            ts(
+                "Routed request latency",
+                "s",
+                *quantiles("smg_router_request_duration_seconds", "instance", "{SMG}", "{{instance}}"),
+                width=12,
+            ),
+            ts(
+                "HTTP request latency p99 by route",
+                "s",
+                *quantiles(
+                    "smg_http_request_duration_seconds", "instance, path", "{SMG}", "{{instance}} {{path}}", (0.99,)
                 ),
-                ts(
-                    "Circuit breaker state",
-                    "none",
-                    t("smg_worker_cb_state{SMG}", "{{instance}} -> {{worker}}"),
-                    description="0 closed (serving), 1 open (no requests sent), 2 half-open (trying again).",
-                ),
-                ts(
-                    "Worker pool size",
-                    "none",
-                    t("smg_worker_pool_size{SMG}", "{{instance}} {{model}}"),
-                ),
+                width=12,
             ),
         ),
-        Row(
-            "Engines behind the gateways (by GPU class)",
-            (
-                ts(
-                    "Engine request rate",
-                    "reqps",
-                    t(
-                        "sum by (gpu_class) ("
-                        "rate(sglang:e2e_request_latency_seconds_count{SG_CLASS}[$__rate_interval]))",
-                        "{{gpu_class}}",
-                    ),
+    ),
+    Row(
+        "Workers",
+        (
+            ts(
+                "Worker health",
+                "none",
+                t("smg_worker_health{SMG}", "{{instance}} -> {{worker}}"),
+                description="1 healthy, 0 unhealthy (a worker removed from the gateway stays at -1).",
+            ),
+            ts(
+                "Circuit breaker state",
+                "none",
+                t("smg_worker_cb_state{SMG}", "{{instance}} -> {{worker}}"),
+                description="0 closed (serving), 1 open (no requests sent), 2 half-open (trying again).",
+            ),
+            ts(
+                "Worker pool size",
+                "none",
+                t("smg_worker_pool_size{SMG}", "{{instance}} {{model}}"),
+            ),
+        ),
+    ),
+    Row(
+        "Engines behind the gateways (by GPU class)",
+        (
+            ts(
+                "Engine request rate",
+                "reqps",
+                t(
+                    "sum by (gpu_class) (rate(sglang:e2e_request_latency_seconds_count{SG_CLASS}[$__rate_interval]))",
+                    "{{gpu_class}}",
                 ),
-                ts(
-                    "Engine end-to-end latency p99",
-                    "s",
-                    *quantiles(
-                        "sglang:e2e_request_latency_seconds", "gpu_class", "{SG_CLASS}", "{{gpu_class}}", (0.99,)
-                    ),
-                ),
-                ts(
-                    "Engine running and queued requests",
-                    "short",
-                    t("sum by (gpu_class) (sglang:num_running_reqs{SG_CLASS})", "running {{gpu_class}}"),
-                    t("sum by (gpu_class) (sglang:num_queue_reqs{SG_CLASS})", "queued {{gpu_class}}"),
-                ),
+            ),
+            ts(
+                "Engine end-to-end latency p99",
+                "s",
+                *quantiles("sglang:e2e_request_latency_seconds", "gpu_class", "{SG_CLASS}", "{{gpu_class}}", (0.99,)),
+            ),
+            ts(
+                "Engine running and queued requests",
+                "short",
+                t("sum by (gpu_class) (sglang:num_running_reqs{SG_CLASS})", "running {{gpu_class}}"),
+                t("sum by (gpu_class) (sglang:num_queue_reqs{SG_CLASS})", "queued {{gpu_class}}"),
             ),
         ),
     ),
 )
 
-DASHBOARDS: tuple[Dashboard, ...] = (FLEET, SERVER, GPUS, ROUTER)
+# The dashboards: name (uid gpufleet-<name>), title (after "gpufleet / "), variables, rows and what they show.
+DASHBOARDS: tuple[Dashboard, ...] = (
+    dashboard(
+        "fleet",
+        "Fleet overview",
+        (GPU_CLASS, SERVERS),
+        FLEET_ROWS,
+        "The fleet at a glance: engines, probe, traffic, latency, load, firing alerts and hosts.",
+    ),
+    dashboard(
+        "server",
+        "Server",
+        (GPU_CLASS, ONE_SERVER),
+        SERVER_ROWS,
+        "One SGLang server: engine, probe, requests, latency, KV cache, GPUs and host.",
+    ),
+    dashboard(
+        "gpus",
+        "GPUs",
+        (GPU_CLASS, SERVERS),
+        GPUS_ROWS,
+        "Every GPU of the selected servers (nvidia-smi through node-exporter's textfile collector).",
+    ),
+    dashboard(
+        "router",
+        "Router (smg)",
+        (GPU_CLASS, GATEWAYS),
+        ROUTER_ROWS,
+        "The smg gateways: traffic, errors, latency and workers; the engines behind them by GPU class.",
+    ),
+)
 
 
 # --- Grafana JSON ------------------------------------------------------------------------------------------------
