@@ -879,27 +879,16 @@ GPU_FIELDS = {
         None,
         lambda m, g, u: clocks_event_reasons(m, g),
     ),
-    "pcie.link.gen.current": (
-        "pcie.link.gen.current",
-        None,
-        lambda m, g, u: _na(_q_number(m, g, "PCI", "GPU Link Info", "PCIe Generation", "Current")),
-    ),
-    "pcie.link.gen.max": (
-        "pcie.link.gen.max",
-        None,
-        lambda m, g, u: _na(_q_number(m, g, "PCI", "GPU Link Info", "PCIe Generation", "Max")),
-    ),
-    "pcie.link.width.current": (
-        "pcie.link.width.current",
-        None,
-        lambda m, g, u: _na(_q_number(m, g, "PCI", "GPU Link Info", "Link Width", "Current")),
-    ),
-    "pcie.link.width.max": (
-        "pcie.link.width.max",
-        None,
-        lambda m, g, u: _na(_q_number(m, g, "PCI", "GPU Link Info", "Link Width", "Max")),
-    ),
 }
+
+# PCIe link fields: (name, -q path under PCI > GPU Link Info), no unit; values from the GPU's -q body.
+for _name, _path in (
+    ("pcie.link.gen.current", ("PCIe Generation", "Current")),
+    ("pcie.link.gen.max", ("PCIe Generation", "Max")),
+    ("pcie.link.width.current", ("Link Width", "Current")),
+    ("pcie.link.width.max", ("Link Width", "Max")),
+):
+    GPU_FIELDS[_name] = (_name, None, lambda m, g, u, _p=_path: _na(_q_number(m, g, "PCI", "GPU Link Info", *_p)))
 
 # Clock fields: (canonical name, alias or None, -q path), unit MHz; values from the GPU's -q body.
 for _name, _alias, _path in (
