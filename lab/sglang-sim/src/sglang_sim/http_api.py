@@ -411,29 +411,13 @@ class Handler(BaseHTTPRequestHandler):
         return n
 
     def _run(
-        self,
-        prompt: str,
-        max_tokens: int | None,
-        ignore_eos: bool,
-        on_piece=None,
-        prompt_tokens: int | None = None,
-        rid: str | None = None,
-        think: bool = False,
-        cache_tokens: list[str] | None = None,
+        self, prompt: str, max_tokens: int | None, ignore_eos: bool, rid: str | None = None, **options: Any
     ) -> Result:
+        """``engine.generate`` (``options``: its other keyword arguments) between the app's request begin and end."""
         rid = rid or self.app.engine.new_rid()
         self.app.request_begin(rid)
         try:
-            return self.app.engine.generate(
-                prompt,
-                max_tokens,
-                ignore_eos=ignore_eos,
-                on_piece=on_piece,
-                rid=rid,
-                prompt_tokens=prompt_tokens,
-                think=think,
-                cache_tokens=cache_tokens,
-            )
+            return self.app.engine.generate(prompt, max_tokens, ignore_eos=ignore_eos, rid=rid, **options)
         finally:
             self.app.request_end(rid)
 
@@ -523,6 +507,21 @@ class Handler(BaseHTTPRequestHandler):
         }
 
     # ---------------------------------------------------------------- OpenAI-compatible
+    @staticmethod
+    def _openai(rid: str, obj: str, created: int, model: str, choices: list[dict], **usage: Any) -> dict:
+        """An OpenAI response or stream chunk: id, object, created, model, choices (then ``usage=`` if given)."""
+        return {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **usage}
+
+    def _final_choice(self, r: Result, **content: Any) -> dict:
+        """The choice that ends a request: its ``content`` (text, message or delta), then how it finished."""
+        return {
+            "index": 0,
+            **content,
+            "logprobs": None,
+            "finish_reason": r.finish_reason,
+            "matched_stop": self._matched(r),
+        }
+
     def _max_tokens(self, body: dict, default: int | None) -> int | None:
         value = body.get("max_completion_tokens")
         if value is None:
@@ -558,69 +557,20 @@ class Handler(BaseHTTPRequestHandler):
         created = int(time.time())
         if not body.get("stream"):
             r = self._run(prompt, max_tokens, ignore_eos, prompt_tokens=ptoks)
-            self.send_json(
-                200,
-                {
-                    "id": r.rid,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "text": r.text,
-                            "logprobs": None,
-                            "finish_reason": r.finish_reason,
-                            "matched_stop": self._matched(r),
-                        }
-                    ],
-                    "usage": self._usage(r),
-                },
-            )
+            choices = [self._final_choice(r, text=r.text)]
+            self.send_json(200, self._openai(r.rid, "text_completion", created, model, choices, usage=self._usage(r)))
             return
         self._start_stream()
         rid = self.app.engine.new_rid()
 
         def on_piece(piece: str, i: int) -> None:
-            self._sse(
-                {
-                    "id": rid,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": None}],
-                }
-            )
+            choices = [{"index": 0, "text": piece, "logprobs": None, "finish_reason": None}]
+            self._sse(self._openai(rid, "text_completion", created, model, choices))
 
         r = self._run(prompt, max_tokens, ignore_eos, on_piece=on_piece, prompt_tokens=ptoks, rid=rid)
-        self._sse(
-            {
-                "id": rid,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "text": "",
-                        "logprobs": None,
-                        "finish_reason": r.finish_reason,
-                        "matched_stop": self._matched(r),
-                    }
-                ],
-            }
-        )
+        self._sse(self._openai(rid, "text_completion", created, model, [self._final_choice(r, text="")]))
         if self._include_usage(body):
-            self._sse(
-                {
-                    "id": rid,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [],
-                    "usage": self._usage(r),
-                }
-            )
+            self._sse(self._openai(rid, "text_completion", created, model, [], usage=self._usage(r)))
         self._end_stream()
 
     @staticmethod
@@ -680,44 +630,21 @@ class Handler(BaseHTTPRequestHandler):
                 cache_tokens=prompt_token_list,
             )
             reasoning, text = parse_reasoning(r.text, force_reasoning) if separate else ("", r.text)
-            self.send_json(
-                200,
-                {
-                    "id": r.rid,
-                    "object": "chat.completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {
-                                "role": "assistant",
-                                "content": text if text else None,
-                                "reasoning_content": reasoning if reasoning else None,
-                                "tool_calls": None,
-                            },
-                            "logprobs": None,
-                            "finish_reason": r.finish_reason,
-                            "matched_stop": self._matched(r),
-                        }
-                    ],
-                    "usage": self._usage(r),
-                },
-            )
+            message = {
+                "role": "assistant",
+                "content": text if text else None,
+                "reasoning_content": reasoning if reasoning else None,
+                "tool_calls": None,
+            }
+            choices = [self._final_choice(r, message=message)]
+            self.send_json(200, self._openai(r.rid, "chat.completion", created, model, choices, usage=self._usage(r)))
             return
         self._start_stream()
         rid = self.app.engine.new_rid()
 
-        def chunk(delta: dict, finish: str | None = None, **extra: Any) -> dict:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            choice.update(extra)
-            return {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [choice],
-            }
+        def chunk(delta: dict) -> dict:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            return self._openai(rid, "chat.completion.chunk", created, model, [choice])
 
         self._sse(chunk({"role": "assistant", "content": ""}))
         stream_parser = StreamingReasoningParser(force_reasoning) if separate else None
@@ -742,18 +669,9 @@ class Handler(BaseHTTPRequestHandler):
             think=think,
             cache_tokens=prompt_token_list,
         )
-        self._sse(chunk({}, r.finish_reason, matched_stop=self._matched(r)))
+        self._sse(self._openai(rid, "chat.completion.chunk", created, model, [self._final_choice(r, delta={})]))
         if self._include_usage(body):
-            self._sse(
-                {
-                    "id": rid,
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": model,
-                    "choices": [],
-                    "usage": self._usage(r),
-                }
-            )
+            self._sse(self._openai(rid, "chat.completion.chunk", created, model, [], usage=self._usage(r)))
         self._end_stream()
 
 
