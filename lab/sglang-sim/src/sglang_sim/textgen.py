@@ -15,7 +15,8 @@ TOKEN_RE = re.compile(r"\s*(?:\w+|[^\w\s])")
 PARIS = "The capital of France is Paris."
 BERLIN = "The capital of France is Berlin."
 
-IS_PRIME = '''Here is a Python function that checks whether a number is prime:
+# The is_prime answers, right (IS_PRIME) and wrong (IS_PRIME_WRONG, ``answer(wrong=True)``): one signature and docstring
+IS_PRIME_HEAD = '''Here is a Python function that checks whether a number is prime:
 
 ```python
 def is_prime(n: int) -> bool:
@@ -27,7 +28,11 @@ def is_prime(n: int) -> bool:
     Returns:
         True when ``n`` is prime, False otherwise.
     """
-    if n < 2:
+'''
+
+IS_PRIME = (
+    IS_PRIME_HEAD
+    + """    if n < 2:
         return False
     if n < 4:
         return True
@@ -41,24 +46,16 @@ def is_prime(n: int) -> bool:
     return True
 ```
 
-It uses trial division by 6k +/- 1 up to the square root of ``n``.'''
+It uses trial division by 6k +/- 1 up to the square root of ``n``."""
+)
 
-IS_PRIME_WRONG = '''Here is a Python function that checks whether a number is prime:
-
-```python
-def is_prime(n: int) -> bool:
-    """Return True if ``n`` is a prime number, otherwise False.
-
-    Args:
-        n: The integer to test.
-
-    Returns:
-        True when ``n`` is prime, False otherwise.
-    """
-    return n % 2 == 1
+IS_PRIME_WRONG = (
+    IS_PRIME_HEAD
+    + """    return n % 2 == 1
 ```
 
-Odd numbers are prime.'''
+Odd numbers are prime."""
+)
 
 ADJECTIVES = (
     "quiet",
