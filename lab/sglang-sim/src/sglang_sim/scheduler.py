@@ -74,6 +74,14 @@ class Scheduler:
             if self.stop_event.wait(min(left, 0.5)):
                 return True
 
+    def phase(self, seconds: float, mib: int) -> bool:
+        """A start-up phase (weights, CUDA graphs): ``seconds`` of work, then ``mib`` held on the GPU; False if
+        asked to stop meanwhile (nothing more is held)."""
+        if self.sleep(seconds):
+            return False
+        self.register(mib)
+        return True
+
     def wait_for_stop(self) -> None:
         while not self.stop_event.wait(0.5):
             pass
@@ -94,9 +102,8 @@ class Scheduler:
         if budget > free:
             self.fail_oom(total, free, budget, holders.get(self.gpu_index, []))
             return 1
-        if self.sleep(float(s["load_seconds"])):
+        if not self.phase(float(s["load_seconds"]), weights):
             return self.finish()
-        self.register(weights)
         self.say(
             f"Load weight end. type={s['model_type']}, dtype={s['dtype']}, "
             f"avail mem={(free - weights) / GB:.2f} GB, mem usage={weights / GB:.2f} GB."
@@ -115,13 +122,10 @@ class Scheduler:
             if self.verbose():
                 self.say(f"Capture cuda graph bs {s['cuda_graph_bs']}")
             if s.get("never_ready"):
-                self.status("stuck")
-                self.wait_for_stop()
-                return self.finish()
+                return self.hold("stuck")
             t0 = time.monotonic()
-            if self.sleep(float(s["graph_seconds"])):
+            if not self.phase(float(s["graph_seconds"]), budget):
                 return self.finish()
-            self.register(budget)
             self.say(
                 f"Capture cuda graph end. Time elapsed: {time.monotonic() - t0:.2f} s. "
                 f"mem usage={graph / GB:.2f} GB. avail mem={(before - graph) / GB:.2f} GB."
@@ -129,9 +133,7 @@ class Scheduler:
         else:
             self.register(budget)
             if s.get("never_ready"):
-                self.status("stuck")
-                self.wait_for_stop()
-                return self.finish()
+                return self.hold("stuck")
         if s.get("crash_after_load"):
             self.fail_cuda()
             return 1
@@ -141,7 +143,11 @@ class Scheduler:
                 f"max_prefill_tokens=16384, max_running_requests={s['max_running_requests']}, "
                 f"context_len={s['context_len']}, available_gpu_mem={(usable - other - budget) / GB:.2f} GB"
             )
-        self.status("ready")
+        return self.hold("ready")
+
+    def hold(self, state: str) -> int:
+        """Report ``state`` (``ready``, or ``stuck`` under the never-ready fault) and hold the memory until stopped."""
+        self.status(state)
         self.wait_for_stop()
         return self.finish()
 
