@@ -17,7 +17,6 @@ main entry point: the first failing task is the first task run, nothing changed 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 import jinja2
 import pytest
 import yaml
+from role_flags import local_ansible_env
 
 ROOT = Path(__file__).resolve().parents[3]
 # every role but fleet_common, whose validate_inputs entry point is the check itself (included by the others)
@@ -304,15 +304,12 @@ def test_real_runs_refuse_at_the_first_task_naming_every_variable(tmp_path):
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
     plays = [PLAY.format(host=h, role=v["test_role"], entry=v["test_entry"]) for h, v in hosts.items()]
     (tmp_path / "play.yml").write_text("".join(plays))
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+    # the project's ansible.cfg with the facts cached in memory (not its .cache/facts)
+    env = local_ansible_env(
         ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
-        ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"),
         ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
         ANSIBLE_CALLBACKS_ENABLED="ansible.posix.json",
         ANSIBLE_FORKS="16",
-        ANSIBLE_FACT_CACHING="memory",
     )
     bindir = Path(sys.executable).parent
     run = subprocess.run(
