@@ -79,33 +79,28 @@ def make_wheel(directory: Path, name: str, version: str, files: dict[str, tuple[
     return path, hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# The toolkit's wheels: (name, version) -> {member: (data, mode)}.
+WHEELS = {
+    ("nvidia-cuda-nvcc", "13.0.88"): {
+        "nvidia/cu13/bin/nvcc": (b"#!/bin/sh\necho release 13.0\n", 0o744),
+        "nvidia/cu13/bin/nvcc.profile": (b"TOP = $(_HERE_)/..\n", 0o644),
+        "nvidia/cu13/.metadata/provenance.txt": (b"x", 0o644),
+    },
+    ("nvidia-cuda-runtime", "13.0.96"): {
+        "nvidia/cu13/lib/libcudart.so.13": (b"\x7fELF", 0o644),
+        "nvidia/cu13/include/cuda_runtime.h": (b"/* rt */", 0o644),
+    },
+}
+
+
 @pytest.fixture
 def wheelhouse(tmp_path):
     house = tmp_path / "house"
     house.mkdir()
-    nvcc, nvcc_sha = make_wheel(
-        house,
-        "nvidia-cuda-nvcc",
-        "13.0.88",
-        {
-            "nvidia/cu13/bin/nvcc": (b"#!/bin/sh\necho release 13.0\n", 0o744),
-            "nvidia/cu13/bin/nvcc.profile": (b"TOP = $(_HERE_)/..\n", 0o644),
-            "nvidia/cu13/.metadata/provenance.txt": (b"x", 0o644),
-        },
-    )
-    rt, rt_sha = make_wheel(
-        house,
-        "nvidia-cuda-runtime",
-        "13.0.96",
-        {
-            "nvidia/cu13/lib/libcudart.so.13": (b"\x7fELF", 0o644),
-            "nvidia/cu13/include/cuda_runtime.h": (b"/* rt */", 0o644),
-        },
-    )
-    packages = [
-        {"name": "nvidia-cuda-nvcc", "version": "13.0.88", "sha256": nvcc_sha},
-        {"name": "nvidia-cuda-runtime", "version": "13.0.96", "sha256": rt_sha},
-    ]
+    packages = []
+    for (name, version), files in WHEELS.items():
+        _path, sha256 = make_wheel(house, name, version, files)
+        packages.append({"name": name, "version": version, "sha256": sha256})
     return house, packages
 
 
