@@ -58,43 +58,35 @@ JOURNAL_BLIND = ("not seeing messages from other users and the system", "No jour
 MIB = 1048576
 COMMAND_TIMEOUT_S = 10  # nvidia-smi can hang on a GPU that fell off the bus; the timer period is 15 s
 
-# Metric families in output order: name -> (type, help).
+# Metric families in output order: name -> help. The *_total ones are counters (the Prometheus naming rule),
+# the others gauges.
 FAMILIES = {
-    "gpufleet_gpu_info": (
-        "gauge",
-        "GPU identity (always 1): gpu is nvidia-smi's index, with its UUID and product name.",
-    ),
+    "gpufleet_gpu_info": "GPU identity (always 1): gpu is nvidia-smi's index, with its UUID and product name.",
     "gpufleet_gpu_utilization_ratio": (
-        "gauge",
-        "Fraction of the last sample period (1/6 s to 1 s) in which a kernel ran on the GPU (0..1).",
+        "Fraction of the last sample period (1/6 s to 1 s) in which a kernel ran on the GPU (0..1)."
     ),
-    "gpufleet_gpu_memory_used_bytes": ("gauge", "GPU memory in use (nvidia-smi memory.used)."),
-    "gpufleet_gpu_memory_total_bytes": ("gauge", "GPU memory installed (nvidia-smi memory.total)."),
+    "gpufleet_gpu_memory_used_bytes": "GPU memory in use (nvidia-smi memory.used).",
+    "gpufleet_gpu_memory_total_bytes": "GPU memory installed (nvidia-smi memory.total).",
     "gpufleet_gpu_memory_engine_bytes": (
-        "gauge",
-        "GPU memory held by the inference engine's processes (their cgroup is one of the engine's systemd units).",
+        "GPU memory held by the inference engine's processes (their cgroup is one of the engine's systemd units)."
     ),
     "gpufleet_gpu_memory_foreign_bytes": (
-        "gauge",
-        "GPU memory in use that the engine's processes do not hold: other programs, processes outside the "
-        "engine's units, memory leaked by processes that are gone (memory used minus engine, at least 0).",
+        "GPU memory in use that the engine's processes do not hold: other programs, processes outside the engine's "
+        "units, memory leaked by processes that are gone (memory used minus engine, at least 0)."
     ),
-    "gpufleet_gpu_temperature_celsius": ("gauge", "GPU core temperature in degrees Celsius."),
-    "gpufleet_gpu_power_watts": ("gauge", "Board power draw in watts (a 1 s average on Ampere and newer)."),
+    "gpufleet_gpu_temperature_celsius": "GPU core temperature in degrees Celsius.",
+    "gpufleet_gpu_power_watts": "Board power draw in watts (a 1 s average on Ampere and newer).",
     "gpufleet_gpu_ecc_errors_corrected_total": (
-        "counter",
-        "Corrected ECC errors since the driver was loaded (volatile); absent where the GPU reports none.",
+        "Corrected ECC errors since the driver was loaded (volatile); absent where the GPU reports none."
     ),
     "gpufleet_gpu_ecc_errors_uncorrected_total": (
-        "counter",
-        "Uncorrected ECC errors since the driver was loaded (volatile); absent where the GPU reports none.",
+        "Uncorrected ECC errors since the driver was loaded (volatile); absent where the GPU reports none."
     ),
     "gpufleet_gpu_xid_errors_total": (
-        "counter",
-        "NVRM: Xid lines in the kernel log since boot (all GPUs); absent when the kernel log cannot be read.",
+        "NVRM: Xid lines in the kernel log since boot (all GPUs); absent when the kernel log cannot be read."
     ),
-    "gpufleet_gpu_collector_success": ("gauge", "1 when nvidia-smi answered, 0 when it failed (error in the journal)."),
-    "gpufleet_gpu_collector_last_run_timestamp_seconds": ("gauge", "Unix time of the collector's last run."),
+    "gpufleet_gpu_collector_success": "1 when nvidia-smi answered, 0 when it failed (error in the journal).",
+    "gpufleet_gpu_collector_last_run_timestamp_seconds": "Unix time of the collector's last run.",
 }
 
 _NUMBER_RE = re.compile(r"^(-?\d+(?:\.\d+)?)(?: ?(?:%|MiB|W|C))?$")
@@ -298,10 +290,10 @@ def render(gpus, engine_bytes, xid_errors, timestamp):
     add("gpufleet_gpu_collector_last_run_timestamp_seconds", round(float(timestamp), 3))
 
     out = []
-    for name, (kind, help_text) in FAMILIES.items():
+    for name, help_text in FAMILIES.items():
         if samples[name]:
             out.append(f"# HELP {name} {help_text}")
-            out.append(f"# TYPE {name} {kind}")
+            out.append(f"# TYPE {name} {'counter' if name.endswith('_total') else 'gauge'}")
             out.extend(samples[name])
     return "\n".join(out) + "\n"
 
