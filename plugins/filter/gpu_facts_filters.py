@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.filter_errors import as_filter_error
+
 # The seed machine's proven NCCL set (8x RTX PRO 6000 in a KVM guest, P2P "NS"): see docs/gpu-facts.md.
 SEED_NO_P2P_ENV = {
     "NCCL_P2P_LEVEL": "PHB",
@@ -639,16 +641,4 @@ class FilterModule:
 
 
 def _wrap(func):
-    def inner(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except GpuFactsFilterError as exc:
-            try:
-                from ansible.errors import AnsibleFilterError  # noqa: PLC0415
-            except ImportError:  # pragma: no cover
-                raise
-            raise AnsibleFilterError(f"{func.__name__}: {exc}") from exc
-
-    inner.__name__ = func.__name__
-    inner.__doc__ = func.__doc__
-    return inner
+    return as_filter_error(func, GpuFactsFilterError)

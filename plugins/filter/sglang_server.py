@@ -9,6 +9,7 @@ import difflib
 import json
 import re
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.filter_errors import as_filter_error
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_args_table import load_table, table_version
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_help import help_options
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_journal import journal_match
@@ -489,16 +490,4 @@ class FilterModule:
 
 
 def _wrap(func):
-    def inner(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except SglangArgsError as exc:
-            try:
-                from ansible.errors import AnsibleFilterError
-            except ImportError:  # pragma: no cover - unit tests without Ansible
-                raise
-            raise AnsibleFilterError(f"sglang_server: {exc}") from exc
-
-    inner.__name__ = func.__name__
-    inner.__doc__ = func.__doc__
-    return inner
+    return as_filter_error(func, SglangArgsError, "sglang_server")
