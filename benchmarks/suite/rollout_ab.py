@@ -14,7 +14,6 @@ it is spent. The working tree's `roles/` and `plugins/` are put back to HEAD at 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fleet_rollout  # noqa: E402  (the lab, the playbook runner and the CPU sampler)
+from interleaved import alternating, flag_changes, record, save  # noqa: E402
 
 
 def use(commit: str) -> None:
@@ -47,24 +47,17 @@ def main() -> None:
         "serial": sizes,
         "rollouts": [],
     }
-    value = 4096
+    sides = (("A", args.a), ("B", args.b))
+    rollouts = flag_changes(sizes)
     try:
-        for n in range(args.rounds):
-            order = (("A", args.a), ("B", args.b)) if n % 2 == 0 else (("B", args.b), ("A", args.a))
-            for code, commit in order:
-                use(commit)
-                run, value = fleet_rollout.changing_rollout(sizes, 2048 if value == 4096 else 4096)
-                row = {"code": code, "commit": commit, **fleet_rollout.rollout_row(run)}
-                out["rollouts"].append(row)
-                print(json.dumps(row), flush=True)
+        for code, commit in alternating(args.rounds, sides):
+            use(commit)
+            record(out, {"code": code, "commit": commit, **next(rollouts)})
     finally:
         use("HEAD")
-    for code, commit in (("A", args.a), ("B", args.b)):
-        out[code] = {"commit": commit, **fleet_rollout.compared([r for r in out["rollouts"] if r["code"] == code])}
-    Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
-    for code in ("A", "B"):
-        print(code, json.dumps(out[code]))
-    print(f"saved {args.output}")
+    rows = out["rollouts"]
+    groups = {code: ({"commit": commit}, [r for r in rows if r["code"] == code]) for code, commit in sides}
+    save(out, groups, args.output)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ would stay. Every process gets both cores back at the end.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fleet_rollout  # noqa: E402  (the lab, the playbook runner and the CPU sampler)
+from interleaved import alternating, flag_changes, record, save  # noqa: E402
 
 
 def pin_machine(cpus: set[int]) -> dict:
@@ -78,28 +78,19 @@ def main() -> None:
         "serial": sizes,
         "rollouts": [],
     }
-    value = 4096
+    rollouts = flag_changes(sizes)
     try:
-        for n in range(args.rounds):
-            for cpus in (one, both) if n % 2 == 0 else (both, one):
-                pinned = pin_machine(cpus)
-                run, value = fleet_rollout.changing_rollout(sizes, 2048 if value == 4096 else 4096)
-                row = {
-                    "cores": len(cpus),
-                    "pinned": pinned,
-                    "engines_allowed_on": engine_affinity(),
-                    **fleet_rollout.rollout_row(run),
-                }
-                out["rollouts"].append(row)
-                print(json.dumps(row), flush=True)
+        for cpus in alternating(args.rounds, (one, both)):
+            pinned = pin_machine(cpus)
+            rollout = next(rollouts)
+            record(out, {"cores": len(cpus), "pinned": pinned, "engines_allowed_on": engine_affinity(), **rollout})
     finally:
         out["restored"] = pin_machine(all_cpus)
-    for key, cores in (("one_core", 1), ("two_cores", 2)):
-        out[key] = {"cores": cores, **fleet_rollout.compared([r for r in out["rollouts"] if r["cores"] == cores])}
-    Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
-    for key in ("one_core", "two_cores"):
-        print(key, json.dumps(out[key]))
-    print(f"saved {args.output}")
+    rows = out["rollouts"]
+    groups = {
+        key: ({"cores": n}, [r for r in rows if r["cores"] == n]) for key, n in (("one_core", 1), ("two_cores", 2))
+    }
+    save(out, groups, args.output)
 
 
 if __name__ == "__main__":
