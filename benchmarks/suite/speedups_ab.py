@@ -67,7 +67,7 @@ def main() -> None:
             fleet_rollout.PLAY_ENV = env
             one, every = noop_deploy(f"{fleet_rollout.LAB}-01"), noop_deploy("sglang_servers")
             out["noop"].append({"side": name, "one_host": one, "every_host": every})
-            print(f"{name}: no-op deploy.yml {one['wall_s']} s on 1 host, {every['wall_s']} s on every host", flush=True)
+            print(f"{name}: no-op deploy.yml {one['wall_s']} s, 1 host; {every['wall_s']} s, every host", flush=True)
             record(out, {"side": name, **next(rollouts)})
     finally:
         fleet_rollout.PLAY_ENV = base
