@@ -18,6 +18,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench_results import save_result
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT / "lab"))
 
@@ -76,10 +78,7 @@ def main() -> int:
         )
     if "make_test" in result:
         print(f"make test: {result['make_test']['seconds']} s (exit {result['make_test']['exit_code']})")
-    out = ROOT / "benchmarks" / "results" / "lab.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"saved {out}")
+    save_result(result, ROOT / "benchmarks" / "results" / "lab.json")
     return 0
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import json
 import os
 import platform
 import shutil
@@ -29,6 +28,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_results import save_result  # noqa: E402  (benchmarks/bench_results.py)
+
 DEFAULT_WHEELHOUSE = ROOT / ".cache" / "ml-env" / "wheelhouse-lab"
 ISOLATED = {"PIP_CONFIG_FILE": os.devnull, "UV_NO_CONFIG": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
@@ -142,10 +144,7 @@ def main(argv=None) -> int:
                 shared[str(n)] = {k: round(v, 3) for k, v in top.items()}
                 print(f"{n} hosts sharing the wheelhouse over HTTP (uv, cold caches): {shared[str(n)]['wall_s']} s")
         results["shared_wheelhouse_http_uv_cold"] = shared
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"saved {out}")
+    save_result(results, Path(args.output))
     return 0
 
 
