@@ -7,7 +7,7 @@ import copy
 import json
 
 import pytest
-from gpu_facts_helpers import DEVICE, device_facts, facts_for, gff
+from gpu_facts_helpers import DEVICE, gff
 
 SEED_ENV = {
     "NCCL_IB_DISABLE": "1",
@@ -15,16 +15,6 @@ SEED_ENV = {
     "NCCL_ALLOC_P2P_NET_LL_BUFFERS": "1",
     "NCCL_MIN_NCHANNELS": "8",
 }
-
-
-@pytest.fixture(scope="module")
-def rtx():
-    return facts_for("rtx-pro-6000x8-vm")
-
-
-@pytest.fixture(scope="module")
-def h200():
-    return device_facts()
 
 
 def _pcie(facts_in, link, status="OK"):

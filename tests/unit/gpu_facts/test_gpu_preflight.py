@@ -7,24 +7,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gpu_facts_helpers import device_facts, facts_for, gff, only_problem
+from gpu_facts_helpers import facts_for, gff, only_problem
 
 HOST = "gpu-07"
 
 
 @pytest.fixture(scope="module")
-def rtx():
-    return facts_for("rtx-pro-6000x8-vm")
-
-
-@pytest.fixture(scope="module")
 def old():
     return facts_for("old-driver")
-
-
-@pytest.fixture(scope="module")
-def h200():
-    return device_facts()
 
 
 ROOT = Path(__file__).resolve().parents[3]

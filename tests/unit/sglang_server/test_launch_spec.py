@@ -1,35 +1,18 @@
 """The launch spec meets the host's GPU facts (sglang_server's filters sglang_comm_flags and sglang_launch_problems,
 run by tasks/launch_spec.yml in the role's validation): the communication flags of gpu_facts' profile, tp x pp (x dp)
 against the GPUs of a node, backends and quantization against the architecture. The facts are the real ones: the
-seed machine's 8x RTX PRO 6000 (sm_120, no P2P) from the lab simulator's profile and the real 2x H200 capture.
-Every problem names host, fact, variable and fix."""
+seed machine's 8x RTX PRO 6000 (sm_120, no P2P) from the lab simulator's profile and the real 2x H200 capture (the
+fixtures rtx and h200, tests/unit/conftest.py). Every problem names host, fact, variable and fix."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from ansible.errors import AnsibleFilterError
-
-REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "tests" / "unit" / "gpu_facts"))
-
-from ansible_collections.gpufleet.fleet.plugins.filter import sglang_launch as sl  # noqa: E402
-from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as sgf  # noqa: E402
-from gpu_facts_helpers import device_facts, facts_for, gff, only_problem  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.filter import sglang_launch as sl
+from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as sgf
+from gpu_facts_helpers import gff, only_problem  # tests/unit/gpu_facts (on sys.path: tests/unit/conftest.py)
 
 HOST = "gpu-07"
-
-
-@pytest.fixture(scope="module")
-def rtx():
-    return facts_for("rtx-pro-6000x8-vm")
-
-
-@pytest.fixture(scope="module")
-def h200():
-    return device_facts()
 
 
 def check(facts, flags):
