@@ -77,6 +77,29 @@ def _wheel_tree(wheel: Path, top: str) -> list[tuple[str, str]]:
         ]
 
 
+def _library_and_dev(
+    lib: str,
+    version: str,
+    depends: list[str],
+    libs: list[tuple[str, str, str]],
+    headers: list[tuple[str, str, str]],
+    description: str,
+    dev_description: str,
+) -> list[Package]:
+    """A library split as NVIDIA packages it: cuda-<lib>-12-8 (lib<lib>.so.12) and cuda-<lib>-dev-12-8 (the headers
+    and the lib<lib>.so development link), which depends on that exact version of the first."""
+    library = Package(f"cuda-{lib}-12-8", version, description, depends=depends, files=libs)
+    dev = Package(
+        f"cuda-{lib}-dev-12-8",
+        version,
+        dev_description,
+        depends=[f"{library.name} (= {version})"],
+        files=headers,
+        links={f"{TARGET}/lib/lib{lib}.so": f"lib{lib}.so.12"},
+    )
+    return [library, dev]
+
+
 def plan(wheels: dict[str, Path]) -> list[Package]:
     """The packages of the mirror, with each wheel member mapped to its place in /usr/local/cuda-12.8."""
     nvcc, rt, nvrtc = (
@@ -138,35 +161,23 @@ def plan(wheels: dict[str, Path]) -> list[Package]:
             files=nvcc_files,
             texts={f"{CUDA_HOME}/bin/nvcc": (NVCC_STANDIN, 0o755)},
         ),
-        Package(
-            "cuda-cudart-12-8",
+        *_library_and_dev(
+            "cudart",
             "12.8.90-1",
+            [cfg],
+            rt_libs,
+            rt_headers,
             "CUDA 12.8 runtime library (NVIDIA's libcudart.so.12)",
-            depends=[cfg],
-            files=rt_libs,
-        ),
-        Package(
-            "cuda-cudart-dev-12-8",
-            "12.8.90-1",
             "CUDA 12.8 runtime headers and development link",
-            depends=["cuda-cudart-12-8 (= 12.8.90-1)"],
-            files=rt_headers,
-            links={f"{TARGET}/lib/libcudart.so": "libcudart.so.12"},
         ),
-        Package(
-            "cuda-nvrtc-12-8",
+        *_library_and_dev(
+            "nvrtc",
             "12.8.93-1",
+            [cfg],
+            nvrtc_libs,
+            nvrtc_headers,
             "CUDA 12.8 runtime compiler (NVIDIA's libnvrtc.so.12)",
-            depends=[cfg],
-            files=nvrtc_libs,
-        ),
-        Package(
-            "cuda-nvrtc-dev-12-8",
-            "12.8.93-1",
             "CUDA 12.8 NVRTC header and development link",
-            depends=["cuda-nvrtc-12-8 (= 12.8.93-1)"],
-            files=nvrtc_headers,
-            links={f"{TARGET}/lib/libnvrtc.so": "libnvrtc.so.12"},
         ),
     ]
     for version in TOOLKIT_VERSIONS:
