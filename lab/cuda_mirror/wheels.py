@@ -74,11 +74,8 @@ def parse_links(html: str, base_url: str) -> list[tuple[str, str, str | None]]:
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _read(url: str) -> bytes:
