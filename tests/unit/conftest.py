@@ -5,6 +5,9 @@ Ansible runs them, the simulator's test helpers (a real sglang_sim server on loo
 ``run_module(module, args)`` runs a module's main() in-process and returns ``(result, failed)``: the JSON the
 module printed (exit_json or fail_json) and whether it failed (tests/support/module_runner.py).
 
+``sleeper()`` starts a Python process that sleeps 120 s (a live PID of this user, killed at the end) and returns
+its Popen.
+
 ``rtx`` and ``h200`` are the GPU facts of the two machines the gpu_facts and sglang_server checks are tested
 against: the seed machine's 8x RTX PRO 6000 (sm_120, no P2P) from the lab simulator's profile, and the real
 2x H200 (NVLink) from its capture.
@@ -12,6 +15,7 @@ against: the seed machine's 8x RTX PRO 6000 (sm_120, no P2P) from the lab simula
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,3 +46,19 @@ def h200():
     from gpu_facts_helpers import device_facts
 
     return device_facts()
+
+
+@pytest.fixture
+def sleeper():
+    procs = []
+
+    def start():
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -83,22 +83,6 @@ def smi(state_dir):
     return run
 
 
-@pytest.fixture
-def sleeper():
-    procs = []
-
-    def start():
-        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-        procs.append(p)
-        return p
-
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-
-
 def write_alloc(state_dir, pid, gpus, name="sglang::scheduler_TP0", leak=False, starttime=None):
     rec = {"pid": pid, "process_name": name, "gpus": {str(k): v for k, v in gpus.items()}, "leak": leak}
     if starttime is not None:

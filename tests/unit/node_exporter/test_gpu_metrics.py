@@ -631,25 +631,10 @@ def test_end_to_end_idle_h200_vm(host):
     assert stat.S_IMODE(host.output.stat().st_mode) == 0o644
 
 
-@pytest.fixture
-def sleepers():
-    procs = []
-
-    def start():
-        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-        procs.append(p)
-        return p.pid
-
-    yield start
-    for p in procs:
-        p.kill()
-        p.wait()
-
-
-def test_end_to_end_engine_foreign_and_leaked_memory(host, sleepers):
+def test_end_to_end_engine_foreign_and_leaked_memory(host, sleeper):
     """2x H200: the engine (a live process in sglang-server.service) holds 88000 MiB on each GPU, a user's
     process 1000 MiB on GPU 0 and a process that is gone leaked 2000 MiB on GPU 1."""
-    engine, intruder = sleepers(), sleepers()
+    engine, intruder = sleeper().pid, sleeper().pid  # live PIDs (the sleeper fixture: tests/unit/conftest.py)
     allocations = [
         {"pid": engine, "process_name": "sglang::scheduler_TP0", "gpus": {"0": 88000, "1": 88000}},
         {"pid": intruder, "process_name": "/usr/bin/python3", "gpus": {"0": 1000}},
