@@ -195,21 +195,25 @@ class HubHandler(BaseHTTPRequestHandler):
                 return False
         return True
 
-    def _commit(self, repo: str, rev: str) -> str | None:
+    def _repo_files(self, repo: str, rev: str) -> tuple[str, dict] | None:
+        """(commit, files) of ``repo`` at ``rev``; None once the error is answered (gated or unknown repo, 404
+        RevisionNotFound for an unknown rev)."""
+        if not self._check_repo(repo):
+            return None
         commit = self.hub.resolve(repo, rev)
         if commit is None:
             self._error(404, f"Invalid rev id: {rev}", "RevisionNotFound")
-        return commit
+            return None
+        return commit, self.hub.files(repo, commit)
 
     def _model_info(self, repo: str, rev: str, query: dict) -> None:
-        if not self._check_repo(repo):
+        found = self._repo_files(repo, rev)
+        if found is None:
             return
-        commit = self._commit(repo, rev)
-        if commit is None:
-            return
+        commit, files = found
         blobs = query.get("blobs", ["false"])[0].lower() in ("1", "true")
         siblings = []
-        for entry in self.hub.files(repo, commit).values():
+        for entry in files.values():
             sibling = {"rfilename": entry["path"]}
             if blobs:
                 sibling.update(size=entry["size"], blobId=entry["oid"])
@@ -236,13 +240,12 @@ class HubHandler(BaseHTTPRequestHandler):
         )
 
     def _tree(self, repo: str, rev: str, sub: str) -> None:
-        if not self._check_repo(repo):
+        found = self._repo_files(repo, rev)
+        if found is None:
             return
-        commit = self._commit(repo, rev)
-        if commit is None:
-            return
+        _, files = found
         out = []
-        for entry in self.hub.files(repo, commit).values():
+        for entry in files.values():
             if sub and not entry["path"].startswith(sub.rstrip("/") + "/"):
                 continue
             item = {"type": "file", "oid": entry["oid"], "size": entry["size"], "path": entry["path"]}
@@ -310,12 +313,11 @@ class HubHandler(BaseHTTPRequestHandler):
         self.state.record(entry_log)
 
     def _resolve(self, repo: str, rev: str, path: str) -> None:
-        if not self._check_repo(repo):
+        found = self._repo_files(repo, rev)
+        if found is None:
             return
-        commit = self._commit(repo, rev)
-        if commit is None:
-            return
-        entry = self.hub.files(repo, commit).get(path)
+        commit, files = found
+        entry = files.get(path)
         if entry is None:
             self._error(404, f"Entry not found: {path}", "EntryNotFound")
             return
