@@ -1,11 +1,14 @@
 """The exact-flag check against the REAL `python -m sglang.launch_server --help` of sglang 0.5.9.
 
-The fixture was captured from the production lock's ml-env (locks/sglang-cu128) on a lab host by
-`make real-engine` (tests/unit/fixtures/sglang-0.5.9/README.md says how and when).
+The help was captured from the production lock's ml-env (locks/sglang-cu128) on a lab host by
+`make real-engine` (tests/unit/fixtures/sglang-0.5.9/README.md says how and when), and sglang's own parser
+dumped there; that dump matched the simulator's data file (lab/sglang-sim/src/sglang_sim/data/server-args-0.5.9.json),
+its one copy, pinned here by the capture's digest.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 from pathlib import Path
@@ -16,9 +19,14 @@ from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as f
 
 FIXTURES = REPO / "tests" / "unit" / "fixtures" / "sglang-0.5.9"
 HELP = (FIXTURES / "launch_server-help.txt").read_text()
-PARSER_DUMP = json.loads((FIXTURES / "parser-dump.json").read_text())
 ROLE_TABLE = REPO / "plugins" / "module_utils" / "sglang_args" / "sglang-args-0.5.9.json"
 SIM_DUMP = REPO / "lab" / "sglang-sim" / "src" / "sglang_sim" / "data" / "server-args-0.5.9.json"
+# The real parser's dump: the simulator's data, which the dump `make real-engine` took on the lab host
+# (lab/real-engine/dump_parser.py, 331 arguments) matched argument for argument.
+PARSER_DUMP = json.loads(SIM_DUMP.read_text())
+# sha256 of that capture's arguments in comparable() form (canonical JSON, sorted keys), taken from the capture
+# itself (tests/unit/fixtures/sglang-0.5.9/parser-dump.json until it was deleted as a second copy).
+REAL_ARGUMENTS_SHA256 = "4c65836e604f9d6999191264de1e4809ddf128163061da4df18cd67d1dd1185e"
 # The seed's launch as gpufleet renders it (exact names; the seed's --tp written as --tp-size).
 SEED_ARGS = {
     "host": "0.0.0.0", "port": 8000, "tp-size": 8, "mem-fraction-static": 0.92, "attention-backend": "flashinfer",
@@ -78,8 +86,11 @@ def comparable(arguments: list[dict]) -> list[dict]:
 
 
 def test_the_simulators_dump_is_the_real_parser():
-    """lab/sglang-sim builds its parser from this dump: it must be the real parser, argument for argument."""
-    assert comparable(json.loads(SIM_DUMP.read_text())["arguments"]) == comparable(PARSER_DUMP["arguments"])
+    """lab/sglang-sim builds its parser from this dump: it must be the real parser, argument for argument (any
+    change to any argument's options, dest, action, nargs, type, choices or default changes the digest)."""
+    canonical = json.dumps(comparable(PARSER_DUMP["arguments"]), sort_keys=True)
+    assert hashlib.sha256(canonical.encode()).hexdigest() == REAL_ARGUMENTS_SHA256
+    assert len(PARSER_DUMP["arguments"]) == 331
 
 
 def test_the_seeds_flags_are_exact_options_of_the_real_engine():
