@@ -26,11 +26,17 @@ KNOWN = (
     "port-taken",
     "hang-after-ready",
     "orphan-children",
+    "partial-quality=SHARE",
 )
 
 
 # Faults the fault file may switch on while the server runs ("after a healthy start").
-RUNTIME = ("wrong-answer", "nan-output", "hang-after-ready")
+RUNTIME = ("wrong-answer", "nan-output", "hang-after-ready", "partial-quality=SHARE")
+# Faults that take a number: name -> (field, what the number is, its check, the check's words)
+VALUED = {
+    "slow-start": ("slow_start", "a number of seconds (slow-start=SECONDS)", lambda v: v >= 0, "non-negative"),
+    "partial-quality": ("partial_quality", "a share (partial-quality=SHARE)", lambda v: 0 < v <= 1, "in (0, 1]"),
+}
 
 
 class FaultError(ValueError):
@@ -49,13 +55,15 @@ class Faults:
     port_taken: bool = False
     hang_after_ready: bool = False
     orphan_children: bool = False
+    # share (0-1] of the answers the simulator computes (sglang_sim.quality) that come out wrong
+    partial_quality: float = 0.0
 
     def names(self) -> list[str]:
         out = []
         for field, value in self.__dict__.items():
             if value:
                 name = field.replace("_", "-")
-                out.append(f"{name}={value:g}" if field == "slow_start" else name)
+                out.append(f"{name}={value:g}" if field in ("slow_start", "partial_quality") else name)
         return out
 
 
@@ -65,22 +73,28 @@ def parse_faults(text: str | None, source: str = "SGLANG_SIM_FAULT") -> Faults:
         item = raw.strip()
         if not item:
             continue
-        name, sep, value = item.partition("=")
-        name = name.strip().lower()
-        if name == "slow-start":
-            try:
-                seconds = float(value)
-            except ValueError as e:
-                raise FaultError(f"slow-start needs a number of seconds (slow-start=SECONDS), got {item!r}") from e
-            if not sep or seconds < 0:
-                raise FaultError(f"slow-start needs a non-negative number of seconds, got {item!r}")
-            kwargs["slow_start"] = seconds
-            continue
-        field = name.replace("-", "_")
-        if sep or field not in Faults.__dataclass_fields__ or field == "slow_start":
-            raise FaultError(f"unknown fault {item!r} in {source}; known faults: {', '.join(KNOWN)}")
-        kwargs[field] = True
+        field, value = parse_item(item, source)
+        kwargs[field] = value
     return Faults(**kwargs)  # type: ignore[arg-type]
+
+
+def parse_item(item: str, source: str = "SGLANG_SIM_FAULT") -> tuple[str, object]:
+    """``(field, value)`` of one fault item (``nan-output``, ``slow-start=2.5``, ``partial-quality=0.5``)."""
+    name, sep, value = item.partition("=")
+    name = name.strip().lower()
+    if name in VALUED:
+        field, what, check, words = VALUED[name]
+        try:
+            number = float(value)
+        except ValueError as e:
+            raise FaultError(f"{name} needs {what}, got {item!r}") from e
+        if not sep or not check(number):
+            raise FaultError(f"{name} needs {what} {words}, got {item!r}")
+        return field, number
+    field = name.replace("-", "_")
+    if sep or field not in Faults.__dataclass_fields__ or field in [v[0] for v in VALUED.values()]:
+        raise FaultError(f"unknown fault {item!r} in {source}; known faults: {', '.join(KNOWN)}")
+    return field, True
 
 
 def from_env() -> Faults:
@@ -88,15 +102,21 @@ def from_env() -> Faults:
 
 
 def merge(a: Faults, b: Faults) -> Faults:
-    return Faults(**{f.name: getattr(a, f.name) or getattr(b, f.name) for f in dataclasses.fields(Faults)})
+    """Either's fault; of two numbers the larger (a runtime partial-quality over a start-time one, say)."""
+    out = {}
+    for f in dataclasses.fields(Faults):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        out[f.name] = max(x, y) if isinstance(x, float) else (x or y)
+    return Faults(**out)  # type: ignore[arg-type]
 
 
 class FaultSource:
     """The faults in force for a request: the start-time ones (``SGLANG_SIM_FAULT``) merged with those of
     ``SGLANG_SIM_FAULT_FILE`` (re-read only when the file's mtime, size or inode changed: one stat per call)."""
 
-    def __init__(self, start: Faults, path: str | None = None):
+    def __init__(self, start: Faults, path: str | None = None, quiet: bool = False):
         self.start = start
+        self.quiet = quiet  # a second reader of the same file (sglang_sim.quality) logs nothing
         self.path = path if path is not None else (os.environ.get("SGLANG_SIM_FAULT_FILE") or None)
         self.lock = threading.Lock()
         self._stamp: tuple | None = None
@@ -130,26 +150,33 @@ class FaultSource:
                     text = f.read()
             except OSError as e:
                 log(f"sglang-sim: SGLANG_SIM_FAULT_FILE={self.path}: unreadable ({e}); no runtime fault")
-        kwargs: dict[str, bool] = {}
+        kwargs: dict[str, object] = {}
+        runtime = [k.partition("=")[0] for k in RUNTIME]
         for raw in text.replace("\n", ",").split(","):
             item = raw.strip()
             if not item or item.startswith("#"):
                 continue
             name = item.lower()
-            if name not in RUNTIME:
+            why = ""
+            if name.partition("=")[0].strip() not in runtime:
                 why = (
                     "unknown fault"
                     if name.partition("=")[0] not in [k.partition("=")[0] for k in KNOWN]
                     else ("not a runtime fault")
                 )
+            else:
+                try:
+                    field, value = parse_item(item, f"SGLANG_SIM_FAULT_FILE={self.path}")
+                    kwargs[field] = value
+                except FaultError as e:
+                    why = str(e)
+            if why and not self.quiet:
                 log(
                     f"sglang-sim: SGLANG_SIM_FAULT_FILE={self.path}: refused {item!r} ({why}; "
                     f"runtime faults: {', '.join(RUNTIME)})"
                 )
-                continue
-            kwargs[name.replace("-", "_")] = True
         new = Faults(**kwargs)  # type: ignore[arg-type]
-        if new != self._file:
+        if new != self._file and not self.quiet:
             names = ", ".join(new.names()) or "none"
             log(f"sglang-sim: runtime fault injection (SGLANG_SIM_FAULT_FILE={self.path}): {names}")
         self._file = new
