@@ -205,7 +205,8 @@ def cmd_sim_wheels(args) -> int:
 
 
 # ---- Production wheelhouse: every wheel of a hashed lock for its target (Python, platform), from PyPI ----
-DEFAULT_PROD_WHEELHOUSE = Path("/var/cache/gpufleet-lab/wheelhouse-sglang-cu128")
+# One wheelhouse per lock (a lane's wheels never mix with another's, nor its manifest): wheelhouse-<lock name>.
+PROD_WHEELHOUSE_ROOT = Path("/var/cache/gpufleet-lab")
 
 
 def lock_pins(lock_dir: Path) -> list[tuple[str, str, set[str]]]:
@@ -298,7 +299,7 @@ def cmd_wheelhouse_production(args) -> int:
 
     lock_dir = LOCKS / args.name
     meta = yaml.safe_load((lock_dir / "lock.yml").read_text())
-    out = Path(args.dir).resolve()
+    out = Path(args.dir or PROD_WHEELHOUSE_ROOT / f"wheelhouse-{args.name}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     lock_sha = sha256(lock_dir / "requirements.txt")
     manifest_path = out / "wheelhouse.json"
@@ -456,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_production)
     p = sub.add_parser("wheelhouse-production", help="download a production lock's wheels (cached wheelhouse)")
     p.add_argument("--name", default="sglang-cu128")
-    p.add_argument("--dir", default=str(DEFAULT_PROD_WHEELHOUSE), help="wheelhouse directory (default %(default)s)")
+    p.add_argument("--dir", help=f"wheelhouse directory (default {PROD_WHEELHOUSE_ROOT}/wheelhouse-<name>)")
     p.add_argument("--jobs", type=int, default=4, help="parallel downloads")
     p.add_argument("--verify", action="store_true", help="read every cached wheel again (default: trust the manifest)")
     p.set_defaults(func=cmd_wheelhouse_production)
