@@ -1,6 +1,8 @@
 """SGLang's launch_server argument tables, one per engine version (``sglang_args/sglang-args-<version>.json``, beside
 this file): option strings, dest, kind (flag, value, list, optional, deprecated), type and choices, reduced from the
-version's own parser (``ServerArgs.add_cli_args``; lab/real-engine/dump_parser.py dumps it).
+version's own parser (``ServerArgs.add_cli_args``; lab/real-engine/dump_parser.py dumps it, lab/real-engine/
+reduce_table.py reduces the dump). One per engine lane (docs/engine-lanes.md): 0.5.9 (sglang-cu128), 0.5.10.post1
+(sglang-cu128-0.5.10), 0.5.23 (sglang-cu130).
 
 The filters read the tables through here, never by a path into a role.
 """
@@ -26,10 +28,19 @@ def table_file(table=None) -> str:
     return os.path.join(TABLES_DIR, f"sglang-args-{table}.json")
 
 
+def version_order(version: str):
+    """0.5.9 < 0.5.10rc0 < 0.5.10 < 0.5.10.post1 < 0.5.23: the release numbers, then pre-release < final < post."""
+    m = re.match(r"^(\d+(?:\.\d+)*)\.?([a-z]*)\.?(\d*)$", version)
+    if not m:
+        return ((), 0, 0, version)
+    rank = {"": 0, "post": 1}.get(m.group(2), -1)
+    return tuple(int(p) for p in m.group(1).split(".")), rank, int(m.group(3) or 0), version
+
+
 def table_versions() -> list[str]:
     """The engine versions that have a table here, oldest first."""
     found = [m.group(1) for m in (_FILE_RE.search(name) for name in os.listdir(TABLES_DIR)) if m]
-    return sorted(found, key=lambda v: [int(p) if p.isdigit() else p for p in re.split(r"[.+-]", v)])
+    return sorted(found, key=version_order)
 
 
 def table_version(table=None) -> str:
