@@ -1,0 +1,203 @@
+#!/usr/bin/python
+"""Ansible module: score an SGLang server on an evaluation set with exact answers (the rollout's quality gate)."""
+
+from __future__ import annotations
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_quality_eval import EVAL_OPTIONS, run_eval
+
+DOCUMENTATION = r"""
+module: sglang_quality_eval
+short_description: Score an SGLang server on an evaluation set with exact answers, against a stored baseline
+description:
+  - Asks every item of I(eval_set) at temperature 0 through the server's C(/v1/chat/completions) (several at once,
+    I(concurrency)), takes the answer (C(content); with a reasoning parser the thinking is C(reasoning_content) and
+    not the answer) and matches it with the item's matcher, C(exact) (normalised text, or one of the item's
+    C(aliases)) or C(numeric) (the answer's last number within the item's C(tolerance)).
+  - The score is the share of exact answers. With I(baseline), the verdict C(ok) is whether the score is at least
+    the baseline's score minus I(allowed_drop); C(reason) names the score, the baseline, the floor and the worst
+    items (prompt, expected, got), the regressions (items the baseline answered right) first.
+  - Reads C(/get_server_info); when the engine runs with C(--enable-nan-detection) and I(unit) is set, the journal of
+    the unit's running start is searched for SGLang's NaN line (I(nan_patterns)); any such line fails the verdict.
+  - Never changes anything and never fails on a low score (the caller acts on C(ok)); it fails only on an
+    evaluation set that cannot be used. Sends an C(Authorization) Bearer header when there is an API key; the key
+    is read from I(secrets_file) on the host when I(api_key) is empty, and is never in the result.
+options:
+  base_url:
+    description: "Server URL, e.g. http://127.0.0.1:8000."
+    type: str
+    required: true
+  served_name:
+    description: "Model name the server is asked with."
+    type: str
+    required: true
+  api_key:
+    description: "API key of the server (empty = read it from I(secrets_file))."
+    type: str
+    default: ""
+    no_log: true
+  secrets_file:
+    description: "EnvironmentFile of the unit; its SGLANG_SERVER_API_KEY is used when I(api_key) is empty."
+    type: path
+    default: ""
+  eval_set:
+    description:
+      - "The evaluation set: C({schema: gpufleet.quality_eval/v1, name, items: [{id, prompt, expected, match, tolerance,
+        aliases, max_tokens}]}) (roles/rollout/files/quality_eval/gpufleet-eval-v1.json)."
+    type: dict
+    required: true
+  max_tokens:
+    description: "max_tokens of an item that sets none."
+    type: int
+    default: 32
+  thinking:
+    description:
+      - "Let a reasoning model think (false: C(chat_template_kwargs: {enable_thinking: false}), the answer at once)."
+    type: bool
+    default: false
+  reasoning_parser:
+    description:
+      - "The server's C(--reasoning-parser); with I(thinking) each item gets at least I(reasoning_max_tokens) tokens."
+    type: str
+    default: ""
+  reasoning_max_tokens:
+    description: "With I(thinking) and I(reasoning_parser): the least max_tokens of an item."
+    type: int
+    default: 1024
+  concurrency:
+    description: "Items asked at once."
+    type: int
+    default: 8
+  timeout:
+    description: "Seconds one request may take."
+    type: float
+    default: 120
+  unit:
+    description: "systemd unit of the server (NaN lines of its running start; empty = skip)."
+    type: str
+    default: ""
+  nan_patterns:
+    description: "Regexes of the journal lines that fail the verdict (SGLang 0.5.9's NaN warning)."
+    type: list
+    elements: str
+    default: ["NaN in the logits"]
+  baseline:
+    description: "The stored baseline (C(gpufleet.quality_baseline/v1)); empty = measure only (C(ok) is null)."
+    type: dict
+    default: {}
+  allowed_drop:
+    description: "How far below the baseline's score (a share, 0-1) the score may be."
+    type: float
+    default: 0.05
+  worst:
+    description: "How many failed items the verdict names."
+    type: int
+    default: 5
+  key:
+    description: "C({gpu_class, model, lane}) of the host, written into RV(baseline_record)."
+    type: dict
+    default: {}
+  host:
+    description: "The host's inventory name, written into RV(baseline_record)."
+    type: str
+    default: ""
+author: gpufleet
+"""
+
+EXAMPLES = r"""
+- name: Score the canary against its baseline
+  gpufleet.fleet.sglang_quality_eval:
+    base_url: http://127.0.0.1:8000
+    served_name: glm-5
+    secrets_file: /etc/sglang-server/secrets.env
+    eval_set: "{{ lookup('ansible.builtin.file', 'quality_eval/gpufleet-eval-v1.json') | from_json }}"
+    baseline: "{{ lookup('ansible.builtin.file', baseline_path) | from_json }}"
+    allowed_drop: 0.05
+    unit: sglang-server.service
+  register: quality
+"""
+
+RETURN = r"""
+ok:
+  description: "The verdict: score >= baseline score - allowed_drop and no NaN line; null without a baseline."
+  returned: always
+  type: bool
+reason:
+  description: "Score, baseline, floor, NaN lines and the worst items, in one line."
+  returned: always
+  type: str
+score:
+  description: "Share of exact answers (0-1)."
+  returned: always
+  type: float
+correct:
+  description: "Items answered exactly."
+  returned: always
+  type: int
+total:
+  description: "Items asked."
+  returned: always
+  type: int
+baseline_score:
+  description: "The baseline's score (null without one)."
+  returned: always
+  type: float
+floor:
+  description: "baseline_score - allowed_drop (null without a baseline)."
+  returned: always
+  type: float
+worst:
+  description: "Failed items, regressions first: id, prompt, expected, got."
+  returned: always
+  type: list
+items:
+  description: "Every item: id, prompt, expected, match, got, ok, seconds (error when there was no completion)."
+  returned: always
+  type: list
+nan_detection:
+  description: "The engine runs with --enable-nan-detection (from /get_server_info; null when it did not answer)."
+  returned: always
+  type: bool
+nan_lines:
+  description: "Journal lines of the running start matching nan_patterns."
+  returned: always
+  type: list
+eval_set:
+  description: "Name of the evaluation set."
+  returned: always
+  type: str
+eval_set_sha256:
+  description: "sha256 of its items (a baseline is comparable only with the same items)."
+  returned: always
+  type: str
+engine_version:
+  description: "version from /get_server_info."
+  returned: always
+  type: str
+baseline_record:
+  description:
+    - "This run as a baseline file (C(gpufleet.quality_baseline/v1)): gpu_class, model, lane (I(key)), eval_set,
+      eval_set_sha256, host, written_at, engine_version, nan_detection, score, correct, total, items (id, ok)."
+  returned: always
+  type: dict
+errors:
+  description: "Items that got no completion (HTTP error, no answer)."
+  returned: always
+  type: int
+seconds:
+  description: "Duration of the run."
+  returned: always
+  type: float
+"""
+
+
+def main():
+    module = AnsibleModule(argument_spec=EVAL_OPTIONS, supports_check_mode=True)
+    result = run_eval(module.params, module.no_log_values)
+    if result.pop("failed", False):
+        module.fail_json(**result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

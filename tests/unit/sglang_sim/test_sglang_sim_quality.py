@@ -1,0 +1,105 @@
+"""sglang-sim's answers to the rollout quality gate's evaluation set (lab equipment, sglang_sim.quality): a healthy
+engine computes every item right; wrong-answer makes every computed answer wrong; partial-quality=SHARE makes a
+deterministic share wrong (at start or at runtime, through SGLANG_SIM_FAULT_FILE) and leaves the smoke check's
+capital of France right."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from sglang_sim import faults, quality, textgen
+
+REPO = Path(__file__).resolve().parents[3]
+EVAL_SET = json.loads((REPO / "roles/rollout/files/quality_eval/gpufleet-eval-v1.json").read_text())
+ITEMS = EVAL_SET["items"]
+
+
+def right(item: dict, got: str) -> bool:
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_quality_eval import matches
+
+    return matches(item, got)
+
+
+@pytest.fixture(autouse=True)
+def fresh_fault_source(monkeypatch):
+    """quality reads the process's faults once (then the fault file when it changes): each test starts afresh."""
+    monkeypatch.setattr(quality, "_source", None)
+    monkeypatch.delenv("SGLANG_SIM_FAULT", raising=False)
+    monkeypatch.delenv("SGLANG_SIM_FAULT_FILE", raising=False)
+
+
+def test_a_healthy_engine_answers_every_item_of_the_evaluation_set():
+    answers = {i["id"]: textgen.answer(i["prompt"]) for i in ITEMS}
+    assert [i["id"] for i in ITEMS if not right(i, answers[i["id"]])] == []
+    assert answers["capital-04"] == "Brasília" and answers["arith-01"] == "781"
+    # other prompts keep their answers
+    assert textgen.answer("What is the capital of France?") == textgen.PARIS
+    assert textgen.answer("Tell me about rolling deploys").startswith("Simulated answer ")
+
+
+def test_wrong_answer_makes_every_computed_answer_wrong_and_plausible():
+    wrong = {i["id"]: textgen.answer(i["prompt"], wrong=True) for i in ITEMS}
+    assert [i["id"] for i in ITEMS if right(i, wrong[i["id"]])] == []
+    assert wrong["arith-01"] == "782" and wrong["capital-01"] == "Osaka"
+
+
+def test_partial_quality_is_a_deterministic_share(monkeypatch):
+    monkeypatch.setenv("SGLANG_SIM_FAULT", "partial-quality=0.5")
+    got = {i["id"]: textgen.answer(i["prompt"]) for i in ITEMS}
+    bad = sorted(i["id"] for i in ITEMS if not right(i, got[i["id"]]))
+    assert bad == sorted(i["id"] for i in ITEMS if quality.degraded(i["prompt"], 0.5))
+    assert 0 < len(bad) < len(ITEMS)
+    assert textgen.answer("What is the capital of France?") == textgen.PARIS  # the smoke check sees nothing
+    # the same prompts every time; a larger share degrades a superset
+    assert sorted(i["id"] for i in ITEMS if not right(i, textgen.answer(i["prompt"]))) == bad
+    assert set(bad) <= {i["id"] for i in ITEMS if quality.degraded(i["prompt"], 0.9)}
+    assert [i for i in ITEMS if quality.degraded(i["prompt"], 1.0)] == ITEMS
+
+
+def test_partial_quality_at_runtime_through_the_fault_file(tmp_path, monkeypatch):
+    f = tmp_path / "faults"
+    monkeypatch.setenv("SGLANG_SIM_FAULT_FILE", str(f))
+    assert all(right(i, textgen.answer(i["prompt"])) for i in ITEMS)
+    f.write_text("partial-quality=1\n")
+    assert not any(right(i, textgen.answer(i["prompt"])) for i in ITEMS)
+    os.utime(f, ns=(1, 1))
+    f.write_text("")
+    assert all(right(i, textgen.answer(i["prompt"])) for i in ITEMS)
+
+
+def test_partial_quality_is_parsed_named_and_refused_out_of_range(tmp_path, capfd):
+    f = faults.parse_faults("partial-quality=0.25, nan-output")
+    assert f.partial_quality == 0.25 and f.nan_output
+    assert f.names() == ["nan-output", "partial-quality=0.25"]
+    for bad in ("partial-quality", "partial-quality=0", "partial-quality=1.5", "partial-quality=x"):
+        with pytest.raises(faults.FaultError, match=r"partial-quality needs a share \(partial-quality=SHARE\)"):
+            faults.parse_faults(bad)
+    assert "partial-quality=SHARE" in faults.KNOWN and "partial-quality=SHARE" in faults.RUNTIME
+    path = tmp_path / "faults"
+    path.write_text("partial-quality=2\nwrong-answer")
+    src = faults.FaultSource(faults.Faults(partial_quality=0.1), path=str(path))
+    cur = src.current()
+    assert cur.wrong_answer and cur.partial_quality == 0.1  # the bad value refused, the start-time one kept
+    assert "refused 'partial-quality=2' (partial-quality needs a share (partial-quality=SHARE) in (0, 1]" in (
+        capfd.readouterr().err
+    )
+    assert faults.merge(faults.Faults(partial_quality=0.2), faults.Faults(partial_quality=0.6)).partial_quality == 0.6
+
+
+def test_the_served_engine_degrades_the_share_and_lists_the_fault(make_sim):
+    sim = make_sim(["--served-model-name", "glm-5"], env={"SGLANG_SIM_FAULT": "partial-quality=0.5"})
+    sim.wait_log("The server is fired up and ready to roll", timeout=30)
+    assert "partial-quality=0.5" in sim.get("/get_server_info").json()["simulator_faults"]
+    for item in ITEMS[:12]:
+        body = {
+            "model": "glm-5",
+            "messages": [{"role": "user", "content": item["prompt"]}],
+            "max_tokens": 32,
+            "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+        got = sim.post("/v1/chat/completions", body).json()["choices"][0]["message"]["content"]
+        assert right(item, got) is not quality.degraded(item["prompt"], 0.5), (item, got)
