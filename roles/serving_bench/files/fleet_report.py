@@ -3,7 +3,8 @@
     <bench client python> fleet_report.py REPORTS_DIR TEMPLATE [--deploy-dir DIR] [--fleet NAME] [--prometheus URL]
 
 Reads deploy/<host>.json (sglang_server), bench/<host>/<config>/<time>.json and bench/<host>/latest.json
-(serving_bench), gate/<host>.json, tune/<host>.json and baselines/*.json. The HTML page is self-contained: the
+(serving_bench), gate/<host>.json, tune/<host>.json, baselines/*.json and quality/<host>.json (the rollout's quality
+gate on a canary, or a quality baseline run: docs/quality-gate.md). The HTML page is self-contained: the
 plots (matplotlib, Agg) are PNG images in data: URIs, the style is inline, nothing is fetched.
 
 With --prometheus (the fleet's monitor, docs/observability.md) the report opens with "Now": throughput, TTFT p50/p99
@@ -62,7 +63,8 @@ def collect(reports: Path, deploy_dir: Path | None = None) -> dict:
     gates = {p.stem: d for p in sorted((reports / "gate").glob("*.json")) if (d := load(p))}
     tunes = {p.stem: d for p in sorted((reports / "tune").glob("*.json")) if (d := load(p))}
     baselines = {p.stem: d for p in sorted((reports / "baselines").glob("*.json")) if (d := load(p))}
-    hosts = sorted(set(deploy) | set(bench_latest) | set(gates) | set(tunes))
+    quality = {p.stem: d for p in sorted((reports / "quality").glob("*.json")) if (d := load(p))}
+    hosts = sorted(set(deploy) | set(bench_latest) | set(gates) | set(tunes) | set(quality))
     return {
         "deploy": deploy,
         "bench": bench_latest,
@@ -70,6 +72,7 @@ def collect(reports: Path, deploy_dir: Path | None = None) -> dict:
         "gates": gates,
         "tunes": tunes,
         "baselines": baselines,
+        "quality": quality,
         "hosts": hosts,
     }
 
@@ -164,9 +167,23 @@ def host_rows(data: dict) -> list[dict]:
                 "vs_baseline": b.get("vs_baseline", []),
                 "bench_finished": b.get("finished_at", ""),
                 "gate": g,
+                "quality": quality_line(data.get("quality", {}).get(host)),
             }
         )
     return rows
+
+
+def quality_line(q: dict | None) -> dict | None:
+    """The quality gate's verdict on a host (roles/rollout tasks/quality_gate.yml) or a baseline run's score
+    (tasks/quality_baseline.yml), as the report shows it: {ok, text}; None when the host has neither."""
+    if not q:
+        return None
+    if q.get("baseline_run"):
+        return {"ok": True, "text": f"baseline run {q.get('written_at', '')}: {q.get('reason', '')}"}
+    verdict = "PASSED" if q.get("ok") else "REFUSED"
+    back = f" ==> ROLLED BACK to release {q.get('rolled_back_to') or '?'}" if q.get("rolled_back") else ""
+    where = f"{q.get('gpu_class', '')}, {q.get('model', '')}, {q.get('lane', '')}; run {q.get('run_id', '')}"
+    return {"ok": bool(q.get("ok")), "text": f"{verdict} ({where}): {q.get('reason', '')}{back}"}
 
 
 # The "now" section's queries (the engine's 0.5.9 names, stored as `sglang:` by the monitor's scrape configuration).
@@ -241,6 +258,8 @@ def markdown(data: dict, rows: list[dict]) -> str:
         if r["gate"]:
             g = r["gate"]
             out.append(f"| gate | {'PASSED' if g.get('ok') else 'REFUSED'}: {g.get('reason', '')} |")
+        if r["quality"]:
+            out.append(f"| quality gate | {r['quality']['text']} |")
         out.append("")
         if r["bench"]:
             out.append(
