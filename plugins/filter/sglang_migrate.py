@@ -1,0 +1,66 @@
+"""Filters of engine lanes (docs/engine-lanes.md): a lock's lane, server flags from one engine version to another, the
+migration shown as a diff. The data and the logic are module_utils/sglang_flag_migration.py's; these wrap them.
+
+``sglang_migrate_lane(lock, locks_dir)``          -> {lock, dir, engine_version, cuda_version, table, problem}
+``sglang_migrate_flags(flags, from_v, to_v)``     -> {flags, changes, unmapped}
+``sglang_migrate_diff(migration)``                -> ["- --nsa-prefill-backend trtllm", "+ --dsa-prefill-...", ...]
+"""
+
+from __future__ import annotations
+
+import json
+
+from ansible_collections.gpufleet.fleet.plugins.module_utils.filter_errors import as_filter_error
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_flag_migration import (
+    MigrationError,
+    engine_lane,
+    migrate_flags,
+)
+
+
+def sglang_migrate_lane(lock, locks_dir) -> dict:
+    """The engine lane of lock ``lock`` under ``locks_dir`` (its pinned sglang, CUDA version, argument table)."""
+    return engine_lane(lock, locks_dir)
+
+
+def sglang_migrate_flags(flags, from_version, to_version) -> dict:
+    """The flags for ``to_version``, the changes made and the flags no rule maps (by name)."""
+    return migrate_flags(flags, from_version, to_version)
+
+
+def _render(option: str, value) -> str:
+    option = option if str(option).startswith("--") else f"--{option}"
+    if value is True:
+        return option
+    if isinstance(value, (list, tuple)):
+        return " ".join([option, *map(str, value)])
+    if isinstance(value, dict):
+        return f"{option} {json.dumps(value, separators=(',', ':'))}"
+    return f"{option} {value}"
+
+
+def sglang_migrate_diff(migration) -> list[str]:
+    """A migration (sglang_migrate_flags' result) as diff lines: ``- old`` / ``+ new  # why`` per change, ``! option
+    value: why`` per unmapped flag. Flags it leaves as they are do not show."""
+    if not isinstance(migration, dict) or "changes" not in migration:
+        raise MigrationError("sglang_migrate_diff takes the result of gpufleet.fleet.sglang_migrate_flags")
+    lines: list[str] = []
+    for change in migration["changes"]:
+        lines += [f"- {_render(o, v)}" for o, v in change["from"].items()]
+        added = [f"+ {_render(o, v)}" for o, v in change["to"].items()] or ["+ (nothing)"]
+        added[-1] += f"  # {change['why']}"
+        lines += added
+    lines += [f"! {_render(u['option'], u['value'])}: {u['why']}" for u in migration.get("unmapped", [])]
+    return lines
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            name: as_filter_error(func, MigrationError, name)
+            for name, func in (
+                ("sglang_migrate_lane", sglang_migrate_lane),
+                ("sglang_migrate_flags", sglang_migrate_flags),
+                ("sglang_migrate_diff", sglang_migrate_diff),
+            )
+        }
