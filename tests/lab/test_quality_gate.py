@@ -1,0 +1,226 @@
+"""The rollout's quality gate on the canary (docs/quality-gate.md), on ONE lab: 2 server hosts + 1 gateway running the
+Shepherd Model Gateway, the simulated engine on the servers (its oracle answers the evaluation set; lab equipment).
+
+In order, on the same lab (one bring-up):
+1. a rollout with rollout_quality_gate_enabled and no baseline for the canary's GPU class, model and lane is refused
+   before any change, naming the host, the key, the file and how to write it; nothing restarted, no lock left;
+2. -e rollout_quality_gate_write_baseline=true scores both servers as they run and writes the baseline (score 1.0);
+   nothing restarts;
+3. a rollout of a flag change whose canary carries a planted partial-quality drop (SGLANG_SIM_FAULT=partial-quality=
+   0.5, which the smoke check's one prompt does not see) stops after the canary: the gate's refusal names the score,
+   the baseline and the worst items (prompt, expected, got), the canary serves the old release again (the unit as
+   before the run, a new start, back in the router), the second host is untouched; the rollout report and
+   reports/<fleet>/quality/<canary>.json say so;
+4. the same flag change without the fault passes the gate (score 1.0) and reaches both hosts.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, lab, lab_json
+from lab_host import on
+
+sys.path.insert(0, str(ROOT / "tests/support"))
+from gpufleet_testinfra import run_playbook  # noqa: E402
+
+NAME = "t-quality"
+KEY = "gpufleet-lab-router-key-not-a-secret"  # the lab's router key (inventory/lab/group_vars)
+ROUTER_PORT = 30000
+WORK = ROOT / "tmp" / NAME  # two levels under the project: the lab group_vars' inventory_dir paths resolve
+SERVERS = [f"{NAME}-01", f"{NAME}-02"]
+CANARY, SECOND = SERVERS
+GATEWAY = f"{NAME}-router-01"
+BASELINES = WORK / "baselines"
+EXTRA_ENV = {"MOLECULE_EPHEMERAL_DIRECTORY": str(WORK / "eph"), "GPUFLEET_ROOT": str(ROOT)}
+EVAL_SET = json.loads((ROOT / "roles/rollout/files/quality_eval/gpufleet-eval-v1.json").read_text())
+CHANGE = {"chunked-prefill-size": 8192}
+
+
+def play(playbook: str, extra: dict | None = None, timeout: int = 600):
+    proc = run_playbook(
+        playbook, extra_vars=extra, inventory=WORK / "hosts.yml", log_dir=WORK, env=EXTRA_ENV, timeout=timeout
+    )
+    (WORK / f"{Path(playbook).stem}-{time.monotonic_ns()}.log").write_text(proc.stdout + proc.stderr)
+    return proc
+
+
+def common_extra(**more) -> dict:
+    return {
+        "sglang_server_report_dir": str(WORK / "reports/deploy"),
+        "rollout_deploy_report_dir": str(WORK / "reports/deploy"),
+        "rollout_report_dir": str(WORK / "reports/rollout"),
+        "rollout_quality_gate_baseline_dir": str(BASELINES),
+        "rollout_serial": [1, "100%"],
+        "rollout_max_unavailable": 1,
+        **more,
+    }
+
+
+def gated(**more) -> dict:
+    return common_extra(rollout_quality_gate_enabled=True, sglang_server_args_host=CHANGE, **more)
+
+
+def unit_state(host: dict) -> dict:
+    out = on(host, "sha256sum /etc/systemd/system/sglang-server.service | cut -c1-64; "
+                   "systemctl show -p ExecMainStartTimestampMonotonic --value sglang-server")  # fmt: skip
+    sha, start = out.split()
+    return {"sha": sha, "start": start}
+
+
+def unit_text(host: dict) -> str:
+    return on(host, "cat /etc/systemd/system/sglang-server.service")
+
+
+def healthy_urls(address: str) -> list[str]:
+    conn = http.client.HTTPConnection(address, ROUTER_PORT, timeout=10)
+    conn.request("GET", "/workers", headers={"Authorization": f"Bearer {KEY}"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    return sorted(w["url"].rstrip("/") for w in json.loads(resp.read())["workers"] if w["is_healthy"])
+
+
+def lock_files(hosts: dict) -> dict:
+    return {name: on(h, "ls /var/lib/gpufleet/locks 2>/dev/null || true").split() for name, h in hosts.items()}
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def seen(proc) -> str:
+    """What the operator reads, whitespace folded: the YAML result format quotes messages ('' for ')."""
+    return flat(proc.stdout + proc.stderr).replace("''", "'")
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    if os.environ.get("GPUFLEET_REUSE_LAB") and (WORK / "hosts.yml").exists():  # test development only
+        yield {h["name"]: h for h in json.loads(lab("--name", NAME, "instances").stdout)}
+        return
+    lab("--name", NAME, "down", check=False)
+    WORK.mkdir(parents=True, exist_ok=True)
+    (WORK / "host_vars").mkdir(exist_ok=True)
+    for stale in [*(WORK / "host_vars").glob("*.yml"), *BASELINES.glob("*.json")]:
+        stale.unlink()
+    link = WORK / "group_vars"
+    if not link.is_symlink():
+        link.symlink_to(ROOT / "inventory/lab/group_vars")
+    subprocess.run(["make", "-s", "router-wheelhouse"], cwd=ROOT, check=True, timeout=300)
+    try:
+        up = lab_json("--name", NAME, "up", "--hosts", "2", "--routers", "1", "--inventory", str(WORK / "hosts.yml"))
+        hosts = {h["name"]: h for h in up["hosts"]}
+        prep = play("roles/sglang_server/molecule/shared/prepare.yml")
+        assert prep.returncode == 0, prep.stdout[-3000:]
+        deploy = play("playbooks/deploy_server.yml", extra=common_extra(sglang_server_serial=2))
+        assert deploy.returncode == 0, deploy.stdout[-3000:]
+        router = play("playbooks/router.yml")
+        assert router.returncode == 0, router.stdout[-3000:]
+        yield hosts
+    finally:
+        if not os.environ.get("GPUFLEET_KEEP_LAB"):
+            lab("--name", NAME, "down", check=False)
+
+
+def test_a_gated_rollout_without_a_baseline_is_refused_before_any_change(fleet):
+    before = {h: unit_state(fleet[h]) for h in SERVERS}
+    proc = play("playbooks/rollout.yml", extra=gated())
+    out = seen(proc)
+    assert proc.returncode != 0
+    refused = f"ROLLOUT REFUSED before any change: quality gate (rollout_quality_gate_enabled): {CANARY} (GPU class '"
+    assert refused in out, proc.stdout[-3000:]
+    assert f"model 'glm-5', lane 'lab-sim'): no quality baseline at {BASELINES}/" in out
+    assert (
+        f"ansible-playbook playbooks/rollout.yml -l {CANARY} -e rollout_quality_gate_write_baseline=true "
+        f"(into rollout_quality_gate_baseline_dir={BASELINES})" in out
+    )
+    assert {h: unit_state(fleet[h]) for h in SERVERS} == before
+    assert all(not files for files in lock_files(fleet).values())
+
+
+def test_a_baseline_run_scores_the_servers_as_they_run_and_restarts_nothing(fleet):
+    before = {h: unit_state(fleet[h]) for h in SERVERS}
+    proc = play("playbooks/rollout.yml", extra=common_extra(rollout_quality_gate_write_baseline=True))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    (baseline_file,) = BASELINES.glob("*.json")
+    assert baseline_file.name.endswith("--glm-5--lab-sim.json")
+    baseline = json.loads(baseline_file.read_text())
+    assert baseline["schema"] == "gpufleet.quality_baseline/v1"
+    assert (baseline["model"], baseline["lane"], baseline["host"]) == ("glm-5", "lab-sim", CANARY)
+    assert baseline["score"] == 1.0 and baseline["total"] == len(EVAL_SET["items"])
+    assert baseline["hosts"] == {CANARY: 1.0, SECOND: 1.0}
+    written = f"QUALITY BASELINE written (nothing restarted): {baseline_file}: score 1.000 (38/38) from {CANARY}"
+    assert written in seen(proc)
+    for h in SERVERS:
+        assert json.loads((WORK / f"reports/quality/{h}.json").read_text())["baseline_run"] is True
+    assert {h: unit_state(fleet[h]) for h in SERVERS} == before
+    assert "ROLLOUT" not in proc.stdout  # no batch, no rollout report: the run ended after the baselines
+
+
+def test_a_partial_quality_drop_on_the_canary_rolls_it_back_and_stops_the_rollout(fleet):
+    gw = fleet[GATEWAY]
+    env = yaml.safe_load((ROOT / "inventory/lab/group_vars/gpufleet_lab/sglang_server.yml").read_text())
+    fault_env = {**env["sglang_server_environment"], "SGLANG_SIM_FAULT": "partial-quality=0.5"}
+    (WORK / "host_vars" / f"{CANARY}.yml").write_text(yaml.safe_dump({"sglang_server_environment": fault_env}))
+    before = {h: unit_state(fleet[h]) for h in SERVERS}
+    canary_unit = unit_text(fleet[CANARY])
+    try:
+        proc = play("playbooks/rollout.yml", extra=gated())
+    finally:
+        (WORK / "host_vars" / f"{CANARY}.yml").unlink()
+    out = seen(proc)
+    assert proc.returncode != 0
+    assert f"ROLLOUT STOPPED at batch 1: {CANARY} failed" in out, proc.stdout[-4000:]
+    report = json.loads((WORK / "reports/rollout/last.json").read_text())
+    assert report["result"] == "stopped" and report["stopped_at_batch"] == 1
+    assert report["hosts"] == {CANARY: "quality_rolled_back", SECOND: "untouched"}
+    verdict = report["quality_gate"][CANARY]
+    assert verdict["ok"] is False and verdict["rolled_back"] is True
+    assert verdict["baseline_score"] == 1.0 and verdict["floor"] == 0.95 and verdict["score"] < 0.95
+    worst = verdict["worst"]
+    assert len(worst) == 5 and all(w["prompt"] and w["got"] and w["expected"] is not None for w in worst)
+    # what the operator reads: the score, the baseline and the worst items (prompt, expected, got), then the rollback
+    message = report["messages"][CANARY]
+    assert message.startswith(f"QUALITY GATE REFUSED {CANARY} (")
+    assert (
+        f"score {verdict['score']:.3f} ({verdict['correct']}/38 exact) against the baseline 1.000 (38/38, " in message
+    )
+    assert "floor 0.950 (allowed drop 0.050); worst items: " in message
+    first = worst[0]
+    assert f"[{first['id']}] {first['prompt']!r}: expected {first['expected']!r}, got {first['got']!r}" in message
+    assert "==> ROLLED BACK to release " in message and flat(message) in out
+    # The canary serves the old release again: the unit it had before the run (no fault, no new flag), started anew
+    # (the gate's rollback), proven, and back in the router; the second host was never touched.
+    assert unit_text(fleet[CANARY]) == canary_unit
+    assert "SGLANG_SIM_FAULT" not in canary_unit and "--chunked-prefill-size" not in canary_unit
+    assert unit_state(fleet[CANARY])["start"] != before[CANARY]["start"]
+    assert unit_state(fleet[SECOND]) == before[SECOND]
+    assert healthy_urls(gw["address"]) == sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+    assert report["router"] == {"in": sorted(SERVERS), "out": {}}
+    saved = json.loads((WORK / "reports/quality" / f"{CANARY}.json").read_text())
+    assert saved["ok"] is False and saved["rolled_back"] is True and saved["worst"] == worst
+    deploy = json.loads((WORK / "reports/deploy" / f"{CANARY}.json").read_text())
+    assert deploy["result"] == "rolled_back" and deploy["rollback"]["performed"] is True
+    assert all(not files for files in lock_files(fleet).values())
+
+
+def test_the_same_change_without_the_fault_passes_the_gate_and_reaches_every_host(fleet):
+    proc = play("playbooks/rollout.yml", extra=gated())
+    out = seen(proc)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert f"QUALITY GATE PASSED {CANARY}: score 1.000 (38/38 exact) against the baseline 1.000" in out
+    report = json.loads((WORK / "reports/rollout/last.json").read_text())
+    assert report["result"] == "ok" and report["hosts"] == {CANARY: "updated", SECOND: "updated"}
+    assert report["quality_gate"][CANARY]["ok"] is True and report["quality_gate"][CANARY]["score"] == 1.0
+    assert list(report["quality_gate"]) == [CANARY]  # the canary batch only
+    for h in SERVERS:
+        assert "--chunked-prefill-size 8192" in unit_text(fleet[h])
+    assert healthy_urls(fleet[GATEWAY]["address"]) == sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
