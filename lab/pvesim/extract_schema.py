@@ -1,133 +1,206 @@
-"""Extract the part of the Proxmox VE API schema that the simulator serves, from a published copy of it.
+"""Extract the part of the Proxmox VE API schema that pvesim serves, from Proxmox VE's own API description.
 
-Source: the npm package `proxmox-api` 1.1.1 (GPL-3.0, https://github.com/UrielCh/proxmox-api), whose
-`src/model.ts` is generated from the Proxmox VE API description (`apidata.js` of pve-docs): every path and
-method with its parameters and, for each answer, the returned type with required and optional fields.
-Galaxy, GitHub and pve-docs are not reachable from this project's machines; npm is:
+Source: `api-viewer/apidata.js` of pve-docs (github.com/proxmox/pve-docs, AGPL-3.0-or-later), the dump of every
+API method's parameter and return schema that pve-docs generates from a running PVE (PVE::RESTHandler
+api_dump); one file per supported release, from pinned commits (VERSIONS). apidata.js folds indexed options
+into one `name[n]` key (pve-common src/PVE/RESTHandler.pm:81-89, "convert indexed parameters like -net\\d+ to
+-net[n]"), so how many there are is read from qemu-server's sources at the matching commit (INDEX_MAX).
+Options whose format is a registered *named* property-string format (e.g. hostpci: `pve-qm-hostpci`) carry only
+the format's name and its `typetext`; the typetext lists every key with its type (`<1|0>` boolean, `<a|b>` enum,
+`<integer>`, `<number>`) and is parsed here into `typetext_format` (keys, types, small enums, the default key).
+Constraints typetext does not carry (patterns, large enums) are added by pvesim/formats.py, citing the source.
 
-    npm pack proxmox-api@1.1.1 && tar xzf proxmox-api-1.1.1.tgz
-    python lab/pvesim/extract_schema.py package/src/model.ts > lab/pvesim/pve-api-schema.json
+    python lab/pvesim/extract_schema.py --pve-docs <git dir of pve-docs> --qemu-server <git dir of qemu-server>
 
-The output is committed (lab/pvesim/pve-api-schema.json); tests/unit/proxmox/test_pvesim_schema.py checks every
-answer and every parameter of the simulator against it.
+writes lab/pvesim/schema/pve-<release>.json (committed). Descriptions are dropped (size); everything that
+validates is kept: type, format, enum, pattern, minimum/maximum, minLength/maxLength, optional, default_key,
+alias, requires, additionalProperties, and for answers the properties and items.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import re
-import sys
+import subprocess
 from pathlib import Path
 
-from pvesim.server import SERVED_ENDPOINTS
+HERE = Path(__file__).resolve().parent
 
-METHOD_RE = re.compile(r"^\s*\* (GET|POST|PUT|DELETE) (/\S*)\s*$")
-CALL_RE = re.compile(r"^\s*\$(get|post|put|delete)\((?:param\??: \{(?P<params>.*)\})?\): Promise<(?P<ret>.+)>;\s*$")
-ALIAS_RE = re.compile(r"^\s*export type (\w+) = (.+);\s*$")
-IFACE_RE = re.compile(r"^\s*export interface (\w+) \{\s*$")
-FIELD_RE = re.compile(r"^\s*('?[\w\-\[\]]+'?)(\?)?: (.+?);?\s*$")
+# Releases: pve-docs commit of the release's apidata.js, qemu-server commit of the same release line.
+VERSIONS = {
+    "8.4": {
+        "pve-docs": ("fa0b4f6ba0eb7c6a77dec8cb6713bb3bbcd83ebc", "stable-bookworm, 'bump version to 8.4.2'"),
+        "qemu-server": ("5ccd363e", "stable-bookworm, 'bump version to 8.4.10'"),
+    },
+    "9.1": {
+        "pve-docs": ("e5010dcea566a205770572cfbc5fe0af220d5077", "master, 'bump version to 9.1.3'"),
+        "qemu-server": ("41ffc59e", "master, 'bump version to 9.1.19'"),
+    },
+}
+
+# name[n] -> (file in qemu-server, Perl variable holding how many there are)
+INDEX_MAX = {
+    "hostpci": ("src/PVE/QemuServer/PCI.pm", "MAX_HOSTPCI_DEVICES"),
+    "numa": ("src/PVE/QemuServer/Memory.pm", "MAX_NUMA"),
+    "net": ("src/PVE/QemuServer.pm", "MAX_NETS"),
+    "ipconfig": ("src/PVE/QemuServer.pm", "MAX_NETS"),  # QemuServer.pm: ipconfig$i for $i < $MAX_NETS
+    "serial": ("src/PVE/QemuServer.pm", "MAX_SERIAL_PORTS"),
+    "parallel": ("src/PVE/QemuServer.pm", "MAX_PARALLEL_PORTS"),
+    "usb": ("src/PVE/QemuServer/USB.pm", "MAX_USB_DEVICES"),
+    "virtiofs": ("src/PVE/QemuServer/Virtiofs.pm", "MAX_VIRTIOFS"),
+    "ide": ("src/PVE/QemuServer/Drive.pm", "MAX_IDE_DISKS"),
+    "scsi": ("src/PVE/QemuServer/Drive.pm", "MAX_SCSI_DISKS"),
+    "virtio": ("src/PVE/QemuServer/Drive.pm", "MAX_VIRTIO_DISKS"),
+    "sata": ("src/PVE/QemuServer/Drive.pm", "MAX_SATA_DISKS"),
+    "unused": ("src/PVE/QemuServer/Drive.pm", "MAX_UNUSED_DISKS"),
+}
+
+KEEP = {
+    "type",
+    "format",
+    "enum",
+    "pattern",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "optional",
+    "default_key",
+    "alias",
+    "keyAlias",
+    "requires",
+    "additionalProperties",
+    "properties",
+    "items",
+    "default",
+}
+TYPETEXT_ITEM_RE = re.compile(r"(?P<open>\[?)(?:\[(?P<dk>[\w-]+)=\]|,?(?P<key>[\w-]+)=)(?P<type><[^>]*>)(?P<close>\]?)")
 
 
-def base_type(t: str, aliases: dict[str, str], depth: int = 0) -> str:
-    t = t.strip()
-    if t.endswith("[]"):
-        return base_type(t[:-2], aliases, depth) + "[]"
-    if t in ("string", "number", "boolean", "any", "null"):
-        return t
-    if "'" in t or '"' in t:  # a union of literals: an enum of strings
-        return "string"
-    if t in aliases and depth < 10:
-        return base_type(aliases[t], aliases, depth + 1)
-    return t
+def git_show(gitdir: Path, commit: str, path: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(gitdir), "show", f"{commit}:{path}"], capture_output=True, text=True, check=True
+    ).stdout
 
 
-def split_params(text: str) -> list[str]:
-    out, depth, cur = [], 0, ""
-    for ch in text:
-        depth += ch in "{(<"
-        depth -= ch in "})>"
-        if ch == "," and depth == 0:
-            out.append(cur)
-            cur = ""
+def load_apidata(text: str) -> dict[str, dict]:
+    """apidata.js is `const apiSchema = [...];`: index every method as 'METHOD /path'."""
+    tree = json.loads(text[text.index("[") : text.rindex("]") + 1])
+    index: dict[str, dict] = {}
+
+    def walk(node: dict) -> None:
+        for method, info in node.get("info", {}).items():
+            index[f"{method} {node['path']}"] = info
+        for child in node.get("children", []):
+            walk(child)
+
+    for node in tree:
+        walk(node)
+    return index
+
+
+def typetext_format(typetext: str) -> dict | None:
+    """Keys of a property string from its typetext (pve-common src/PVE/JSONSchema.pm generate_typetext)."""
+    out = {}
+    for m in TYPETEXT_ITEM_RE.finditer(typetext):
+        key, text = m["dk"] or m["key"], m["type"][1:-1]
+        spec: dict = {"optional": 1} if m["open"] else {}
+        if m["dk"]:
+            spec["default_key"] = 1
+        if text == "1|0":
+            spec["type"] = "boolean"
+        elif text in ("integer", "number"):
+            spec["type"] = text
+        elif re.fullmatch(r"[A-Za-z0-9_.+-]+(\|[A-Za-z0-9_.+-]+)+", text) and not re.search(r"\d-\d", text):
+            spec.update(type="string", enum=text.split("|"))
+        else:  # <string>, <enum> (more than three values) or a format_description: constraints not carried
+            spec.update(type="string", typetext=f"<{text}>")
+        out[key] = spec
+    if not out or TYPETEXT_ITEM_RE.sub("", typetext).strip():
+        return None
+    return out
+
+
+def prune(schema):
+    if isinstance(schema, list):
+        return [prune(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k == "properties" or k == "format" and isinstance(v, dict):
+            out[k] = {name: prune(sub) for name, sub in v.items()}
+        elif k in KEEP:
+            out[k] = prune(v)
+    if isinstance(schema.get("format"), str) and "typetext" in schema:
+        parsed = typetext_format(schema["typetext"])
+        if parsed:
+            out["typetext_format"] = parsed
+    return out
+
+
+def index_max(gitdir: Path, commit: str) -> dict:
+    out = {}
+    for prefix, (path, var) in INDEX_MAX.items():
+        text = git_show(gitdir, commit, path)
+        for lineno, line in enumerate(text.splitlines(), 1):
+            m = re.match(rf"^(?:our|my) \${var} = (\d+);", line)
+            if m:
+                out[prefix] = {"count": int(m[1]), "source": f"qemu-server {commit} {path}:{lineno} ${var}"}
+                break
         else:
-            cur += ch
-    if cur.strip():
-        out.append(cur)
-    return [p.strip() for p in out if p.strip()]
+            raise SystemExit(f"${var} not found in qemu-server {commit}:{path}")
+    return out
 
 
-def parse(model: str) -> dict:
-    lines = model.splitlines()
-    aliases = {m[1]: m[2] for m in map(ALIAS_RE.match, lines) if m}
-    interfaces: dict[str, dict] = {}
-    i = 0
-    while i < len(lines):
-        m = IFACE_RE.match(lines[i])
-        if not m:
-            i += 1
-            continue
-        name, fields, additional, depth = m[1], {}, False, 1
-        i += 1
-        while depth > 0 and i < len(lines):
-            line = lines[i]
-            stripped = line.strip()
-            if depth == 1 and not stripped.startswith(("*", "/**", "*/")):
-                if stripped.startswith("[additionalProperties"):
-                    additional = True
-                else:
-                    f = FIELD_RE.match(line)
-                    if f:
-                        ftype = f[3]
-                        ftype = "object" if ftype.startswith("{") else base_type(ftype, aliases)
-                        fields[f[1].strip("'")] = {"type": ftype, "required": f[2] is None}
-            depth += stripped.count("{") - stripped.count("}")
-            i += 1
-        interfaces[name] = {"fields": fields, "additional_properties": additional}
-    endpoints: dict[str, dict] = {}
-    current = None
-    for line in lines:
-        m = METHOD_RE.match(line)
-        if m:
-            current = f"{m[1]} {m[2].replace(chr(92), '')}"
-            continue
-        c = CALL_RE.match(line)
-        if c and current and current.split()[0].lower() == c[1]:
-            params = {}
-            for p in split_params(c["params"] or ""):
-                pm = re.match(r"^'?([\w\-\[\]]+)'?(\?)?: (.+)$", p)
-                if pm:
-                    params[pm[1]] = {"type": base_type(pm[3], aliases), "required": pm[2] is None}
-            ret = c["ret"].strip()
-            endpoints[current] = {"params": params, "returns": base_type(ret, aliases)}
-            current = None
-    return {"interfaces": interfaces, "endpoints": endpoints}
+def extract(release: str, pve_docs: Path, qemu_server: Path, endpoints: list[str]) -> dict:
+    docs_commit, docs_ref = VERSIONS[release]["pve-docs"]
+    qs_commit, qs_ref = VERSIONS[release]["qemu-server"]
+    text = git_show(pve_docs, docs_commit, "api-viewer/apidata.js")
+    api = load_apidata(text)
+    out_eps = {}
+    for ep in endpoints:
+        if ep not in api:
+            raise SystemExit(f"{ep} is not in apidata.js of pve-docs {docs_commit}")
+        info = api[ep]
+        out_eps[ep] = {
+            "allowtoken": info.get("allowtoken", 0),
+            "permissions": info.get("permissions", {}),
+            "parameters": prune(info.get("parameters", {})),
+            "returns": prune(info.get("returns", {})),
+        }
+    return {
+        "release": release,
+        "source": {
+            "pve-docs": {
+                "repository": "https://github.com/proxmox/pve-docs (AGPL-3.0-or-later)",
+                "commit": docs_commit,
+                "ref": docs_ref,
+                "path": "api-viewer/apidata.js",
+                "sha256": hashlib.sha256(text.encode()).hexdigest(),
+            },
+            "qemu-server": {"repository": "https://github.com/proxmox/qemu-server", "commit": qs_commit, "ref": qs_ref},
+            "extracted_by": "lab/pvesim/extract_schema.py",
+        },
+        "index_max": index_max(qemu_server, qs_commit),
+        "endpoints": out_eps,
+    }
 
 
 def main() -> int:
-    src = Path(sys.argv[1])
-    parsed = parse(src.read_text())
-    wanted = {}
-    for ep in SERVED_ENDPOINTS:
-        if ep not in parsed["endpoints"]:
-            raise SystemExit(f"{ep} is not in {src}")
-        wanted[ep] = parsed["endpoints"][ep]
-    ifaces = {}
-    for ep in wanted.values():
-        name = ep["returns"].removesuffix("[]")
-        if name in parsed["interfaces"]:
-            ifaces[name] = parsed["interfaces"][name]
-    out = {
-        "source": {
-            "package": "npm proxmox-api 1.1.1 (src/model.ts, generated from the Proxmox VE API description)",
-            "sha256_model_ts": hashlib.sha256(src.read_bytes()).hexdigest(),
-            "extracted_by": "lab/pvesim/extract_schema.py",
-        },
-        "endpoints": wanted,
-        "interfaces": ifaces,
-    }
-    json.dump(out, sys.stdout, indent=1, sort_keys=True)
-    sys.stdout.write("\n")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pve-docs", type=Path, required=True, help="git directory of github.com/proxmox/pve-docs")
+    ap.add_argument("--qemu-server", type=Path, required=True, help="git directory of github.com/proxmox/qemu-server")
+    ap.add_argument("--out", type=Path, default=HERE / "schema")
+    args = ap.parse_args()
+    from pvesim.endpoints import SCHEMA_ENDPOINTS
+
+    args.out.mkdir(exist_ok=True)
+    for release in VERSIONS:
+        data = extract(release, args.pve_docs, args.qemu_server, SCHEMA_ENDPOINTS)
+        (args.out / f"pve-{release}.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return 0
 
 

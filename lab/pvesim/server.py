@@ -1,17 +1,16 @@
 """pvesim: a SIMULATED Proxmox VE API server (lab equipment for tests, not Proxmox).
 
-Speaks the subset of the Proxmox VE 8 REST API (`/api2/json`) that community.proxmox's proxmox_kvm,
-proxmox_snap and inventory plugin, and the role proxmox_gpu_vm, call; stateful (nodes with PCI devices,
-cluster PCI mappings, VMs with current and pending configuration, snapshots, tasks with real UPIDs);
-records every write. Behaviour follows qemu-server (PVE/API2/Qemu.pm, PVE/QemuServer.pm), see README.md.
-Parameters are checked against the published API schema (pve-api-schema.json) like PVE's parameter
-verification does; tests check every answer against the same schema.
+Speaks the subset of the Proxmox VE REST API (`/api2/json`, releases 8.4 and 9.1) that community.proxmox's
+proxmox_kvm, proxmox_snap and inventory plugin, and the role proxmox_gpu_vm, call; stateful (nodes with PCI
+devices and storages, cluster PCI mappings, users and tokens with ACLs, VMs with current and pending
+configuration, snapshots, tasks with real UPIDs); records every write. Every request is verified against the
+release's API schema (schema.py, from PVE's apidata.js) with PVE's messages; the behaviour behind it follows
+qemu-server (vmconfig.py, vmstart.py, perms.py). See README.md for every rule and its source.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import re
@@ -22,40 +21,20 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
-SCHEMA_PATH = Path(__file__).with_name("pve-api-schema.json")
+from pvesim.endpoints import SERVED_ENDPOINTS
+from pvesim.formats import NotSimulated, split_list
+from pvesim.perms import PermError, Perms
+from pvesim.schema import Schema, release_of
+from pvesim.vmconfig import ConfigMixin
+from pvesim.vmstart import StartMixin
 
-# Every endpoint the simulator answers ("METHOD /path" as in the API schema).
-SERVED_ENDPOINTS = [
-    "POST /access/ticket",
-    "GET /version",
-    "GET /nodes",
-    "GET /pools",
-    "GET /cluster/resources",
-    "GET /cluster/mapping/pci",
-    "GET /nodes/{node}/hardware/pci",
-    "GET /nodes/{node}/qemu",
-    "GET /nodes/{node}/lxc",
-    "POST /nodes/{node}/qemu/{vmid}/clone",
-    "GET /nodes/{node}/qemu/{vmid}/config",
-    "PUT /nodes/{node}/qemu/{vmid}/config",
-    "GET /nodes/{node}/qemu/{vmid}/pending",
-    "GET /nodes/{node}/qemu/{vmid}/status/current",
-    "POST /nodes/{node}/qemu/{vmid}/status/start",
-    "POST /nodes/{node}/qemu/{vmid}/status/stop",
-    "POST /nodes/{node}/qemu/{vmid}/status/shutdown",
-    "GET /nodes/{node}/qemu/{vmid}/snapshot",
-    "POST /nodes/{node}/qemu/{vmid}/snapshot",
-    "GET /nodes/{node}/qemu/{vmid}/agent/network-get-interfaces",
-    "GET /nodes/{node}/tasks/{upid}/status",
-    "GET /nodes/{node}/tasks/{upid}/log",
-]
-
-# qemu-server's $fast_plug_option: applied at once even while the VM runs.
-FAST_PLUG = {"name", "onboot", "shares", "vmstatestorage", "startup", "description", "protection", "tags", "hookscript"}
-# Options whose change needs no restart (cloud-init values are read at the next start, but are not pending).
-CLOUDINIT = {"ciuser", "cipassword", "sshkeys", "ipconfig0", "ipconfig1", "nameserver", "searchdomain", "citype"}
+SIMULATOR = "pvesim (simulated Proxmox VE API, not Proxmox)"
+DEFAULT_STORAGES = {
+    "local": {"type": "dir", "content": "iso,vztmpl,backup", "shared": 0},
+    "local-lvm": {"type": "lvmthin", "content": "images,rootdir", "shared": 0},
+}
 
 
 class ApiError(Exception):
@@ -79,7 +58,7 @@ def _path_template(path: str) -> tuple[str, dict]:
                 break
         else:
             return "/" + "/".join(tmpl), params
-    raise ApiError(501, f"Method '{path}' not implemented")
+    raise ApiError(501, f"Method '{path}' not implemented\n")
 
 
 def make_cert(directory: Path) -> tuple[Path, Path]:
@@ -87,52 +66,37 @@ def make_cert(directory: Path) -> tuple[Path, Path]:
     cert, key = directory / "pvesim.crt", directory / "pvesim.key"
     if not cert.exists():
         subprocess.run(
-            [
-                "openssl",
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=127.0.0.1",
-                "-keyout",
-                str(key),
-                "-out",
-                str(cert),
-            ],
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1"]
+            + ["-keyout", str(key), "-out", str(cert)],
             check=True,
             capture_output=True,
         )
     return cert, key
 
 
-class PveSim:
+class PveSim(ConfigMixin, StartMixin):
     """The cluster state and the API semantics."""
 
-    def __init__(self, cluster: dict, schema_path: Path = SCHEMA_PATH):
-        self.schema = json.loads(schema_path.read_text())
+    def __init__(self, cluster: dict):
         self.lock = threading.RLock()
-        self.version = cluster.get("version", "8.3.2")
-        self.nodes = copy.deepcopy(cluster["nodes"])  # name -> {"pci": [...], "status": "online"}
-        self.mappings = copy.deepcopy(cluster.get("mappings", []))
-        self.users = dict(cluster.get("users", {}))  # "root@pam" -> password
-        self.tokens = dict(cluster.get("tokens", {}))  # "root@pam!gpufleet" -> secret
+        self.version = cluster.get("version", "8.4.1")
+        self.schema = Schema(release_of(self.version))
+        self.nodes = copy.deepcopy(cluster["nodes"])  # name -> {"pci": [...], "drivers": {}, "storage": [...]}
+        self.storages = copy.deepcopy(cluster.get("storages", DEFAULT_STORAGES))
+        self.mappings = [{"description": "", **m} for m in copy.deepcopy(cluster.get("mappings", []))]
+        self.perms = Perms(cluster.get("users", {}), cluster.get("tokens", {}))
+        # named fault modes (deliberate differences from a healthy cluster): start_fails {vmid: message}
+        self.faults = copy.deepcopy(cluster.get("faults", {}))
         self.vms: dict[int, dict] = {}
         for vm in cluster.get("vms", []):
-            self.vms[int(vm["vmid"])] = {
-                "vmid": int(vm["vmid"]),
-                "node": vm["node"],
-                "status": vm.get("status", "stopped"),
-                "template": int(vm.get("template", 0)),
-                "config": dict(vm["config"]),
-                "pending": {},
-                "pending_delete": [],
-                "snapshots": [],
-                "agent_ip": vm.get("agent_ip"),
-            }
+            self.vms[int(vm["vmid"])] = self._new_vm(
+                int(vm["vmid"]),
+                vm["node"],
+                dict(vm["config"]),
+                vm.get("status", "stopped"),
+                int(vm.get("template", 0)),
+                vm.get("agent_ip"),
+            )
         self.next_ip = 10
         self.tasks: dict[str, dict] = {}
         self.tickets: dict[str, str] = {}
@@ -140,13 +104,21 @@ class PveSim:
         self.exchanges: list[dict] = []  # every answer: endpoint, data (for the schema test)
 
     # ---- helpers -------------------------------------------------------------------------------
-    def _upid(self, node: str, kind: str, vmid: int, user: str) -> str:
+    @staticmethod
+    def api_error(code: int, message: str, errors: dict | None = None) -> ApiError:
+        return ApiError(code, message, errors)
+
+    @staticmethod
+    def param_exc(errors: dict) -> ApiError:
+        return ApiError(400, "Parameter verification failed.\n", errors)
+
+    @staticmethod
+    def not_simulated(what: str) -> ApiError:
+        return ApiError(501, f"{SIMULATOR} does not simulate {what}\n")
+
+    def _task(self, node: str, kind: str, vmid: int, user: str, error: str | None = None, log=None) -> str:
         pid, start = os.getpid() & 0xFFFFFFFF, int(time.time())
         upid = f"UPID:{node}:{pid:08X}:{secrets.randbelow(1 << 32):08X}:{start:08X}:{kind}:{vmid}:{user}:"
-        return upid
-
-    def _task(self, node: str, kind: str, vmid: int, user: str, error: str | None = None) -> str:
-        upid = self._upid(node, kind, vmid, user)
         fields = upid.split(":")
         self.tasks[upid] = {
             "upid": upid,
@@ -159,126 +131,99 @@ class PveSim:
             "user": user,
             "status": "stopped",
             "exitstatus": error or "OK",
-            "log": [error or "TASK OK"],
+            "log": [*(log or []), f"TASK ERROR: {error}" if error else "TASK OK"],
         }
         return upid
 
     def _vm(self, node: str, vmid: str) -> dict:
         vm = self.vms.get(int(vmid))
         if vm is None or vm["node"] != node:
-            raise ApiError(500, f"Configuration file 'nodes/{node}/qemu-server/{vmid}.conf' does not exist")
+            raise ApiError(500, f"Configuration file 'nodes/{node}/qemu-server/{vmid}.conf' does not exist\n")
         return vm
 
-    @staticmethod
-    def _digest(conf: dict) -> str:
-        return hashlib.sha1(json.dumps(conf, sort_keys=True).encode()).hexdigest()
-
-    def _typed(self, iface: str, data: dict) -> dict:
-        """Values typed as PVE's JSON answers type them (integers and 0/1 booleans stay numbers)."""
-        fields = self.schema["interfaces"][iface]["fields"]
-        out = {}
-        for k, v in data.items():
-            t = fields.get(k, {}).get("type", "string")
-            if t in ("number", "boolean"):
-                out[k] = int(v) if not isinstance(v, float) else v
-            else:
-                out[k] = str(v)
-        return out
-
-    def _check_params(self, endpoint: str, params: dict) -> None:
-        spec = self.schema["endpoints"][endpoint]["params"]
-        errors = {
-            k: "property is not defined in schema and the schema does not allow additional properties"
-            for k in params
-            if k not in spec
-        }
-        errors.update(
-            {
-                k: "property is missing and it is not optional"
-                for k, s in spec.items()
-                if s["required"] and k not in params
-            }
-        )
-        if errors:
-            raise ApiError(400, "Parameter verification failed.", errors)
+    def _storages(self, node: str) -> dict:
+        names = self.nodes[node].get("storage", list(self.storages))
+        return {s: self.storages[s] for s in names}
 
     # ---- auth ----------------------------------------------------------------------------------
-    def authenticate(self, headers, endpoint: str, method: str) -> str:
+    def authenticate(self, headers, method: str) -> str:
         auth = headers.get("Authorization", "")
         if auth.startswith("PVEAPIToken="):
             m = re.match(r"^PVEAPIToken=([^!]+![^=]+)=(.+)$", auth)
-            if m and self.tokens.get(m[1]) == m[2]:
+            if m and m[1] in self.perms.tokens and self.perms.tokens[m[1]]["secret"] == m[2]:
                 return m[1]
-            raise ApiError(401, "invalid token value!")
-        cookie = headers.get("Cookie", "")
-        m = re.search(r"PVEAuthCookie=([^;]+)", cookie)
+            raise ApiError(401, "invalid token value!\n")
+        m = re.search(r"PVEAuthCookie=([^;]+)", headers.get("Cookie", ""))
         if m and unquote(m[1]) in self.tickets:
             if method != "GET" and headers.get("CSRFPreventionToken") != "csrf-" + unquote(m[1])[-16:]:
-                raise ApiError(401, "Permission check failed (invalid csrf token)")
+                raise ApiError(401, "Permission check failed (invalid csrf token)\n")
             return self.tickets[unquote(m[1])]
-        raise ApiError(401, "No ticket")
+        raise ApiError(401, "No ticket\n")
 
     # ---- dispatch ------------------------------------------------------------------------------
     def handle(self, method: str, path: str, params: dict, headers) -> object:
         with self.lock:
-            tmpl, pp = _path_template(path)
-            endpoint = f"{method} {tmpl}"
-            if endpoint not in SERVED_ENDPOINTS:
-                raise ApiError(501, f"Method '{method} {path}' not implemented")
-            self._check_params(endpoint, params)
-            if endpoint == "POST /access/ticket":
-                data = self.ticket(params)
-            else:
-                user = self.authenticate(headers, endpoint, method)
-                if method != "GET":
-                    self.writes.append(
-                        {
-                            "t_ns": time.time_ns(),
-                            "endpoint": endpoint,
-                            "path": path,
-                            "user": user,
-                            "params": dict(params),
-                        }
-                    )
-                handler = getattr(self, "ep_" + re.sub(r"[^a-z]+", "_", endpoint.lower()).strip("_"))
-                data = handler(user=user, **pp, **params)
-            self.exchanges.append({"endpoint": endpoint, "data": copy.deepcopy(data)})
-            return data
+            try:
+                return self._handle(method, path, params, headers)
+            except PermError as e:
+                raise ApiError(e.code, e.message, e.errors) from None
+            except NotSimulated as e:
+                raise self.not_simulated(str(e)) from None
+
+    def _handle(self, method: str, path: str, params: dict, headers) -> object:
+        tmpl, pp = _path_template(path)
+        endpoint = f"{method} {tmpl}"
+        if endpoint not in SERVED_ENDPOINTS:
+            raise ApiError(501, f"Method '{method} {path}' not implemented\n")
+        # PVE's order: authentication (HS auth_handler), the method's permissions (check_api2_permissions), then
+        # the parameter verification (RESTHandler handle -> PVE::JSONSchema::validate), then the method
+        if endpoint == "POST /access/ticket":
+            self._verify(endpoint, params, pp)
+            data = self.ticket(params)
+        else:
+            user = self.authenticate(headers, method)
+            if "!" in user and not self.schema.endpoint(endpoint)["allowtoken"]:
+                raise ApiError(403, f"Permission check failed (URI '{path}' not available with API token)\n")
+            if method != "GET":
+                self.writes.append(
+                    {"t_ns": time.time_ns(), "endpoint": endpoint, "path": path, "user": user, "params": dict(params)}
+                )
+            self.perms.check_api(user, self.schema.endpoint(endpoint)["permissions"], {**params, **pp})
+            self._verify(endpoint, params, pp)
+            handler = getattr(self, "ep_" + re.sub(r"[^a-z]+", "_", endpoint.lower()).strip("_"))
+            data = handler(user=user, **pp, **params)
+        self.exchanges.append({"endpoint": endpoint, "data": copy.deepcopy(data)})
+        return data
+
+    def _verify(self, endpoint: str, params: dict, path_params: dict) -> None:
+        errors = self.schema.param_errors(endpoint, {**params, **path_params})
+        if errors:
+            raise self.param_exc(errors)
 
     def ticket(self, params: dict) -> dict:
         username, password = params.get("username", ""), params.get("password", "")
-        if username not in self.users or self.users[username] != password:
-            raise ApiError(401, "authentication failure")
+        if username not in self.perms.users or self.perms.users[username].get("password") != password:
+            raise ApiError(401, "authentication failure\n")
         ticket = f"PVE:{username}:{int(time.time()):08X}::{secrets.token_hex(16)}"
         self.tickets[ticket] = username
-        return {
-            "username": username,
-            "ticket": ticket,
-            "CSRFPreventionToken": "csrf-" + ticket[-16:],
-            "cap": {"vms": {"VM.Config.HWType": 1}},
-        }
+        return {"username": username, "ticket": ticket, "CSRFPreventionToken": "csrf-" + ticket[-16:]}
 
-    # ---- endpoints ---------------------------------------------------------------------------
+    # ---- read-only endpoints -------------------------------------------------------------------
     def ep_get_version(self, user, **_):
         return {"version": self.version, "release": self.version.rsplit(".", 1)[0], "repoid": "d4bcd4a8"}
 
     def ep_get_nodes(self, user, **_):
-        return [
-            {
-                "node": n,
-                "status": v.get("status", "online"),
-                "type": "node",
-                "id": f"node/{n}",
-                "maxcpu": 128,
-                "maxmem": 1 << 40,
-                "uptime": 86400,
-                "level": "",
-            }
+        return [  # id and type: not in the schema, but PVE returns them (schema.py UNDOCUMENTED_FIELDS)
+            {"id": f"node/{n}", "node": n, "type": "node", "status": v.get("status", "online"), "level": ""}
+            | {"maxcpu": 128, "maxmem": 1 << 40, "uptime": 86400}
             for n, v in self.nodes.items()
         ]
 
     def ep_get_pools(self, user, **_):
         return []
+
+    def _audit(self, user: str, vmid: int) -> bool:
+        return self.perms.has(user, f"/vms/{vmid}", ["VM.Audit"])
 
     def _resource(self, vm: dict) -> dict:
         conf = self._effective(vm, current=True)
@@ -291,7 +236,7 @@ class PveSim:
             "status": vm["status"],
             "template": vm["template"],
             "maxcpu": int(conf.get("cores", 1)) * int(conf.get("sockets", 1)),
-            "maxmem": int(str(conf.get("memory", 2048)).split(",")[0].replace("current=", "")) << 20,
+            "maxmem": int(re.sub(r"^(current=)?(\d+).*", r"\2", str(conf.get("memory", 512)))) << 20,
             "uptime": 100 if vm["status"] == "running" else 0,
         }
         if conf.get("tags"):
@@ -299,167 +244,58 @@ class PveSim:
         return res
 
     def ep_get_cluster_resources(self, user, type=None, **_):  # noqa: A002 (the API's parameter name)
-        out = [self._resource(vm) for vm in sorted(self.vms.values(), key=lambda v: v["vmid"])]
-        if type in (None, "node"):
-            out += [{"id": f"node/{n}", "type": "node", "node": n, "status": "online"} for n in self.nodes]
-        return [r for r in out if type is None or r["type"] == "qemu"]
+        vms = [self._resource(vm) for vm in sorted(self.vms.values(), key=lambda v: v["vmid"])]
+        vms = [r for r in vms if self._audit(user, r["vmid"])]
+        nodes = [
+            {"id": f"node/{n}", "type": "node", "node": n, "status": v.get("status", "online"), "level": ""}
+            for n, v in self.nodes.items()
+        ]
+        if type == "vm":
+            return vms
+        if type == "node":
+            return nodes
+        if type is None:
+            return vms + nodes
+        raise self.not_simulated(f"/cluster/resources?type={type}")
 
     def ep_get_cluster_mapping_pci(self, user, **_):
-        return copy.deepcopy(self.mappings)
+        privs = ["Mapping.Modify", "Mapping.Use", "Mapping.Audit"]
+        return [copy.deepcopy(m) for m in self.mappings if self.perms.has(user, f"/mapping/pci/{m['id']}", privs, True)]
 
-    def ep_get_nodes_node_hardware_pci(self, user, node, **_):
+    def _node(self, node: str) -> dict:
         if node not in self.nodes:
-            raise ApiError(500, f"no such node '{node}'")
-        return copy.deepcopy(self.nodes[node]["pci"])
+            raise ApiError(500, f"no such node '{node}'\n")
+        return self.nodes[node]
+
+    def ep_get_nodes_node_hardware_pci(self, user, node, **params):
+        # pve-manager 14a22df3 PVE/API2/Hardware/PCI.pm:13,114-133: classes 05 (memory), 06 (bridges) and 0b
+        # (processors) are left out unless pci-class-blacklist says otherwise
+        classes = "|".join(split_list(params.get("pci-class-blacklist", "05;06;0b")))
+        devs = self._node(node)["pci"]
+        return [copy.deepcopy(d) for d in devs if not classes or not re.match(rf"^0x(?:{classes})", d["class"])]
+
+    def ep_get_nodes_node_storage(self, user, node, **_):
+        self._node(node)
+        out = []
+        for name, s in self._storages(node).items():
+            if self.perms.has(user, f"/storage/{name}", ["Datastore.Audit", "Datastore.AllocateSpace"], True):
+                out.append({"storage": name, "type": s["type"], "content": s["content"], "shared": s["shared"]})
+                out[-1] |= {"active": 1, "enabled": 1, "total": 1 << 42, "used": 1 << 40, "avail": 3 << 40}
+        return out
 
     def ep_get_nodes_node_qemu(self, user, node, **_):
         out = []
         for vm in sorted(self.vms.values(), key=lambda v: v["vmid"]):
-            if vm["node"] == node:
+            if vm["node"] == node and self._audit(user, vm["vmid"]):
                 r = self._resource(vm)
                 out.append(
-                    {k: r[k] for k in ("vmid", "name", "status", "maxmem", "uptime") if k in r}
+                    {k: r[k] for k in ("vmid", "name", "status", "maxmem", "uptime", "tags") if k in r}
                     | {"cpus": r["maxcpu"], "template": vm["template"]}
-                    | ({"tags": r["tags"]} if "tags" in r else {})
                 )
         return out
 
     def ep_get_nodes_node_lxc(self, user, node, **_):
         return []
-
-    def _effective(self, vm: dict, current: bool) -> dict:
-        conf = dict(vm["config"])
-        if not current:
-            conf.update(vm["pending"])
-            for k in vm["pending_delete"]:
-                conf.pop(k, None)
-        return conf
-
-    def ep_post_nodes_node_qemu_vmid_clone(
-        self, user, node, vmid, newid, name=None, full=None, storage=None, target=None, **_
-    ):
-        src = self._vm(node, vmid)
-        newid = int(newid)
-        if newid in self.vms:
-            raise ApiError(500, f"unable to create VM {newid}: config file already exists")
-        if src["status"] == "running" and not src["template"]:
-            raise ApiError(500, "cannot clone a running VM without snapshot")  # linked clones of running VMs too
-        if not src["template"] and not int(full or 0):
-            raise ApiError(500, "linked clone feature is not supported for a VM that is not a template")
-        conf = dict(src["config"])
-        conf.pop("template", None)
-        for k, v in list(conf.items()):
-            m = re.match(r"^(?:scsi|virtio|sata|ide|efidisk)\d+$", k)
-            if m and "media=cdrom" not in v:
-                store, rest = v.split(":", 1)
-                disk = re.sub(r"^(?:base-\d+-disk-(\d+)/)?(?:vm|base)-\d+-disk-(\d+)", r"vm-%d-disk-\2" % newid, rest)  # noqa: UP031
-                conf[k] = f"{storage or store}:{disk}"
-            if m and "media=cdrom" in v and "cloudinit" in v:
-                conf[k] = re.sub(r"vm-\d+-cloudinit", f"vm-{newid}-cloudinit", v)
-            if re.match(r"^net\d+$", k):  # clone_vm gives every NIC a new MAC address
-                conf[k] = re.sub(
-                    r"=([0-9A-Fa-f]{2}:){5}[0-9A-Fa-f]{2}",
-                    "=BC:24:11:%02X:%02X:%02X" % (newid >> 16 & 255, newid >> 8 & 255, newid & 255),  # noqa: UP031
-                    v,
-                    count=1,
-                )
-        conf["name"] = name or f"Copy-of-VM-{conf.get('name', vmid)}"
-        conf["vmgenid"] = "00000000-0000-4000-8000-%012x" % newid  # noqa: UP031
-        conf["smbios1"] = "uuid=00000000-0000-4000-9000-%012x" % newid  # noqa: UP031
-        self.vms[newid] = {
-            "vmid": newid,
-            "node": target or node,
-            "status": "stopped",
-            "template": 0,
-            "config": conf,
-            "pending": {},
-            "pending_delete": [],
-            "snapshots": [],
-            "agent_ip": None,
-        }
-        return self._task(node, "qmclone", int(vmid), user)
-
-    def ep_get_nodes_node_qemu_vmid_config(self, user, node, vmid, current=None, snapshot=None, **_):
-        vm = self._vm(node, vmid)
-        conf = self._effective(vm, current=bool(int(current or 0)))
-        conf["digest"] = self._digest(vm["config"])
-        return self._typed("nodesQemuConfigVmConfig", conf)
-
-    def _check_config_perm(self, user: str, params: dict) -> None:
-        # PVE/API2/Qemu.pm $check_vm_modify_config_perm: only root@pam itself (not a token) may set args.
-        if "args" in params and user != "root@pam":
-            raise ApiError(500, "only root can set 'args' config")
-
-    def ep_put_nodes_node_qemu_vmid_config(self, user, node, vmid, delete=None, digest=None, **params):
-        vm = self._vm(node, vmid)
-        if digest and digest != self._digest(vm["config"]):
-            raise ApiError(500, "detected modified configuration - file changed by other user? Try again.")
-        self._check_config_perm(user, params)
-        if "efidisk0" in params:
-            self._check_efidisk(params["efidisk0"])
-            m = re.match(r"^([\w\-]+):(\d+)(,.*)?$", params["efidisk0"])
-            if m:  # allocation syntax STORAGE:SIZE: a new volume is allocated
-                n = sum(1 for v in vm["config"].values() if isinstance(v, str) and f"vm-{vmid}-disk-" in v)
-                params["efidisk0"] = f"{m[1]}:vm-{vmid}-disk-{n}{m[3] or ''},size=4M"
-        if "sshkeys" in params:
-            params["sshkeys"] = quote(unquote(params["sshkeys"]), safe="")
-        if "tags" in params:
-            params["tags"] = ";".join(sorted({t for t in re.split(r"[;, ]+", params["tags"]) if t}))
-        deletes = [d for d in re.split(r"[,; ]+", delete or "") if d]
-        running = vm["status"] == "running"
-        for k, v in params.items():
-            if not running or k in FAST_PLUG or k in CLOUDINIT:
-                vm["config"][k] = v
-                vm["pending"].pop(k, None)
-            else:
-                vm["pending"][k] = v
-        for k in deletes:
-            if not running or k in FAST_PLUG or k in CLOUDINIT:
-                vm["config"].pop(k, None)
-            elif k in vm["config"] and k not in vm["pending_delete"]:
-                vm["pending_delete"].append(k)
-        # PVE::QemuConfig->cleanup_pending: pending values equal to the current ones are dropped
-        for k in [k for k, v in vm["pending"].items() if vm["config"].get(k) == v]:
-            del vm["pending"][k]
-        return None
-
-    @staticmethod
-    def _check_efidisk(value: str) -> None:
-        """PVE's property-string parser for efidisk0 (format, efitype, pre-enrolled-keys are enums/booleans)."""
-        allowed = {"format": {"raw", "qcow2", "vmdk"}, "efitype": {"2m", "4m"}}
-        for opt in value.split(",")[1:]:
-            k, _, v = opt.partition("=")
-            if k in allowed and v not in allowed[k]:
-                raise ApiError(
-                    400,
-                    "Parameter verification failed.",
-                    {
-                        "efidisk0": f"invalid format - format error\nefidisk0.{k}: value '{v}' does not "
-                        f"have a value in the enumeration '{', '.join(sorted(allowed[k]))}'"
-                    },
-                )
-            if k == "pre-enrolled-keys" and not re.match(r"^(?i:1|0|on|off|yes|no|true|false)$", v):
-                raise ApiError(
-                    400,
-                    "Parameter verification failed.",
-                    {
-                        "efidisk0": f"invalid format - efidisk0.pre-enrolled-keys: type check ('boolean') failed - got '{v}'"  # noqa: E501
-                    },
-                )
-
-    def ep_get_nodes_node_qemu_vmid_pending(self, user, node, vmid, **_):
-        vm = self._vm(node, vmid)
-        out = []
-        for k in sorted(set(vm["config"]) | set(vm["pending"]) | set(vm["pending_delete"])):
-            item = {"key": k}
-            if k in vm["config"]:
-                item["value"] = vm["config"][k]
-            if k in vm["pending"]:
-                item["pending"] = vm["pending"][k]
-            if k in vm["pending_delete"]:
-                item["delete"] = 1
-            out.append({kk: (str(vv) if kk in ("value", "pending") else vv) for kk, vv in item.items()})
-        return out
 
     def ep_get_nodes_node_qemu_vmid_status_current(self, user, node, vmid, **_):
         vm = self._vm(node, vmid)
@@ -478,44 +314,17 @@ class PveSim:
             out["agent"] = 1
         return out
 
-    def _pci_problem(self, vm: dict, conf: dict) -> str | None:
-        """What qemu-server's vm_start refuses about hostpci (PVE::QemuServer::PCI)."""
-        node = self.nodes[vm["node"]]
-        q35 = "q35" in conf.get("machine", "")
-        for k in sorted(k for k in conf if re.match(r"^hostpci\d+$", k)):
-            opts = dict(o.split("=", 1) if "=" in o else ("host", o) for o in conf[k].split(","))
-            if opts.get("pcie") == "1" and not q35:
-                return "q35 machine model is not enabled"
-            if "mapping" in opts:
-                mp = next((m for m in self.mappings if m["id"] == opts["mapping"]), None)
-                paths = [dict(e.split("=", 1) for e in entry.split(",")) for entry in (mp or {}).get("map", [])]
-                path = next((p["path"] for p in paths if p.get("node") == vm["node"]), None)
-                if path is None:
-                    return f"PCI device mapping not found for '{opts['mapping']}'"
-            else:
-                path = opts["host"] if opts["host"].count(":") == 2 else "0000:" + opts["host"]
-            if not any(d["id"] == path or d["id"].startswith(path + ".") for d in node["pci"]):
-                return f"cannot prepare PCI pci device {path}, no device found"
-            for other in self.vms.values():
-                if other is vm or other["status"] != "running" or other["node"] != vm["node"]:
-                    continue
-                oconf = other["config"]
-                for ok in (x for x in oconf if re.match(r"^hostpci\d+$", x)):
-                    if path in oconf[ok] or (
-                        "mapping" in opts and f"mapping={opts['mapping']}" in oconf[ok].split(",")
-                    ):
-                        return f"PCI device '{path}' already in use by VMID '{other['vmid']}'"
-        return None
-
-    def ep_post_nodes_node_qemu_vmid_status_start(self, user, node, vmid, **_):
+    # ---- power -----------------------------------------------------------------------------------
+    def ep_post_nodes_node_qemu_vmid_status_start(self, user, node, vmid, **rest):
+        for k in rest:
+            raise self.not_simulated(f"the start parameter '{k}'")
         vm = self._vm(node, vmid)
         if vm["status"] == "running":
             return self._task(node, "qmstart", vm["vmid"], user, "VM already running")
-        # vm_start applies the pending configuration first (vmconfig_apply_pending)
-        conf = self._effective(vm, current=False)
-        problem = self._pci_problem(vm, conf)
+        conf = self._effective(vm, current=False)  # vm_start applies the pending configuration first
+        problem = self.start_problem(vm, conf)
         if problem:
-            return self._task(node, "qmstart", vm["vmid"], user, problem)
+            return self._task(node, "qmstart", vm["vmid"], user, problem.message, problem.log)
         vm["config"], vm["pending"], vm["pending_delete"] = conf, {}, []
         vm["status"] = "running"
         if vm["agent_ip"] is None:
@@ -534,25 +343,21 @@ class PveSim:
     def ep_post_nodes_node_qemu_vmid_status_shutdown(self, user, node, vmid, **_):
         return self._stop(node, vmid, user, "qmshutdown")
 
+    # ---- snapshots -------------------------------------------------------------------------------
     def ep_get_nodes_node_qemu_vmid_snapshot(self, user, node, vmid, **_):
         vm = self._vm(node, vmid)
-        out = [dict(s) for s in vm["snapshots"]]
-        current = {
-            "name": "current",
-            "description": "You are here!",
-            "running": int(vm["status"] == "running"),
-            "digest": self._digest(vm["config"]),
-        }
+        running = int(vm["status"] == "running")
+        current = {"name": "current", "digest": self._digest(vm["config"]), "running": running}
+        current["description"] = "You are here!"
         if vm["snapshots"]:
             current["parent"] = vm["snapshots"][-1]["name"]
-        return out + [current]
+        return [dict(s) for s in vm["snapshots"]] + [current]
 
     def ep_post_nodes_node_qemu_vmid_snapshot(self, user, node, vmid, snapname, description=None, vmstate=None, **_):
         vm = self._vm(node, vmid)
         if any(s["name"] == snapname for s in vm["snapshots"]):
-            raise ApiError(500, f"snapshot name '{snapname}' already used")
-        conf = vm["config"]
-        if int(vmstate or 0) and any(re.match(r"^hostpci\d+$", k) for k in conf):
+            raise ApiError(500, f"snapshot name '{snapname}' already used\n")
+        if int(vmstate or 0) and any(re.match(r"^hostpci\d+$", k) for k in vm["config"]):
             return self._task(node, "qmsnapshot", vm["vmid"], user, "cannot snapshot VM state with PCI passthrough")
         snap = {"name": snapname, "description": description or "", "snaptime": int(time.time())}
         if vm["snapshots"]:
@@ -560,46 +365,44 @@ class PveSim:
         vm["snapshots"].append(snap)
         return self._task(node, "qmsnapshot", vm["vmid"], user)
 
+    # ---- guest agent, tasks ----------------------------------------------------------------------
     def ep_get_nodes_node_qemu_vmid_agent_network_get_interfaces(self, user, node, vmid, **_):
         vm = self._vm(node, vmid)
-        conf = vm["config"]
-        if conf.get("agent", "0").split(",")[0] not in ("1", "enabled=1"):
-            raise ApiError(500, "No QEMU guest agent configured")
+        if vm["config"].get("agent", "0").split(",")[0] not in ("1", "enabled=1"):
+            raise ApiError(500, "No QEMU guest agent configured\n")
         if vm["status"] != "running":
-            raise ApiError(500, f"VM {vmid} is not running")
+            raise ApiError(500, f"VM {vmid} is not running\n")
+        mac = "bc:24:11:00:%02x:%02x" % (vm["vmid"] >> 8 & 255, vm["vmid"] & 255)  # noqa: UP031
+        lo = [{"ip-address": "127.0.0.1", "ip-address-type": "ipv4", "prefix": 8}]
+        eth = [
+            {"ip-address": vm["agent_ip"], "ip-address-type": "ipv4", "prefix": 24},
+            {"ip-address": "fe80::be24:11ff:fe00:1", "ip-address-type": "ipv6", "prefix": 64},
+        ]
         return {
             "result": [
-                {
-                    "name": "lo",
-                    "hardware-address": "00:00:00:00:00:00",
-                    "ip-addresses": [{"ip-address": "127.0.0.1", "ip-address-type": "ipv4", "prefix": 8}],
-                },
-                {
-                    "name": "eth0",
-                    "hardware-address": "bc:24:11:00:%02x:%02x" % (vm["vmid"] >> 8 & 255, vm["vmid"] & 255),  # noqa: UP031
-                    "ip-addresses": [
-                        {"ip-address": vm["agent_ip"], "ip-address-type": "ipv4", "prefix": 24},
-                        {"ip-address": "fe80::be24:11ff:fe00:1", "ip-address-type": "ipv6", "prefix": 64},
-                    ],
-                },
+                {"name": "lo", "hardware-address": "00:00:00:00:00:00", "ip-addresses": lo},
+                {"name": "eth0", "hardware-address": mac, "ip-addresses": eth},
             ]
         }
 
-    def ep_get_nodes_node_tasks_upid_status(self, user, node, upid, **_):
+    def _own_task(self, user: str, node: str, upid: str) -> dict:
         task = self.tasks.get(upid)
         if task is None:
-            raise ApiError(500, f"unable to parse worker upid '{upid}'")
-        return {k: v for k, v in task.items() if k != "log"}
+            raise ApiError(500, f"unable to parse worker upid '{upid}'\n")
+        if task["user"] != user:  # "needs 'Sys.Audit' on '/nodes/<node>' if they are not the owner of the task"
+            self.perms.check(user, f"/nodes/{node}", ["Sys.Audit"])
+        return task
+
+    def ep_get_nodes_node_tasks_upid_status(self, user, node, upid, **_):
+        return {k: v for k, v in self._own_task(user, node, upid).items() if k != "log"}
 
     def ep_get_nodes_node_tasks_upid_log(self, user, node, upid, **_):
-        task = self.tasks.get(upid)
-        if task is None:
-            raise ApiError(500, f"unable to parse worker upid '{upid}'")
-        return [{"n": i + 1, "t": line} for i, line in enumerate(task["log"])]
+        return [{"n": i + 1, "t": line} for i, line in enumerate(self._own_task(user, node, upid)["log"])]
 
 
 class _Handler(BaseHTTPRequestHandler):
     sim: PveSim  # set on the subclass
+    server_version = "pvesim/2 (simulated Proxmox VE API)"
 
     def log_message(self, *args):  # quiet: tests read sim.writes and sim.exchanges instead
         pass
@@ -621,10 +424,11 @@ class _Handler(BaseHTTPRequestHandler):
             data = self.sim.handle(method, url.path[len("/api2/json") :], params, self.headers)
             self._answer(200, {"data": data})
         except ApiError as e:
-            body = {"data": None, "message": e.message + "\n"}
+            # PVE::APIServer::Formatter::Standard prepare_response_data (json): data, errors, message
+            body = {"data": None, "message": e.message}
             if e.errors:
                 body["errors"] = e.errors
-            self._answer(e.code, body, reason=e.message)
+            self._answer(e.code, body, reason=e.message.splitlines()[0] if e.message.strip() else None)
 
     def _answer(self, code: int, body: dict, reason: str | None = None) -> None:
         raw = json.dumps(body).encode()

@@ -1,4 +1,8 @@
-"""The simulated cluster of the proxmox tests: two GPU nodes, a template, a VM owned by someone else."""
+"""The simulated cluster of the proxmox tests: two GPU nodes, a template on shared storage, a VM owned by someone else.
+
+Every GPU is alone in its IOMMU group with its audio function, which the hosts bind to vfio-pci as well (as
+`options vfio-pci ids=10de:2bb1,10de:22e8` does); local-lvm is each node's own storage, ceph-vm is shared.
+"""
 
 from __future__ import annotations
 
@@ -39,13 +43,36 @@ TOKEN_SECRET = "5e5c2e7a-token-secret-must-never-show"
 PASSWORD = "pw-must-never-show-7f3a"
 
 
-def cluster() -> dict:
+def nic(bus: str, iommu: int) -> dict:
+    return {
+        "id": bus,
+        "class": "0x020000",
+        "vendor": "0x15b3",
+        "vendor_name": "Mellanox Technologies",
+        "device": "0x101d",
+        "device_name": "MT2892 Family [ConnectX-6 Dx]",
+        "iommugroup": iommu,
+    }
+
+
+def cluster(version: str = "8.4.1") -> dict:
     pve1 = [d for i, b in enumerate(PVE1_GPUS) for d in (gpu(b + ".0", 40 + i), audio(b + ".1", 40 + i))]
     pve2 = [d for i, b in enumerate(PVE2_GPUS) for d in (gpu(b + ".0", 60 + i), audio(b + ".1", 60 + i))]
     base = {"id": "0000:00:00.0", "class": "0x060000", "vendor": "0x1022", "device": "0x14a4", "iommugroup": 0}
+    vfio = lambda devs: {d["id"]: "vfio-pci" for d in devs if d["class"] == "0x040300"}  # noqa: E731
     return {
-        "version": "8.3.2",
-        "nodes": {"pve1": {"pci": [base, *pve1]}, "pve2": {"pci": [base, *pve2]}},
+        "version": version,
+        "nodes": {
+            "pve1": {
+                "pci": [base, *pve1, nic("0000:01:00.0", 10)],
+                "drivers": vfio(pve1) | {"0000:01:00.0": "mlx5_core"},
+            },
+            "pve2": {"pci": [base, *pve2], "drivers": vfio(pve2)},
+        },
+        "storages": {
+            "local-lvm": {"type": "lvmthin", "content": "images,rootdir", "shared": 0},
+            "ceph-vm": {"type": "rbd", "content": "images", "shared": 1},
+        },
         "mappings": [
             {
                 "id": "rtxpro-b0",
@@ -70,8 +97,8 @@ def cluster() -> dict:
                     "template": 1,
                     "ostype": "l26",
                     "scsihw": "virtio-scsi-single",
-                    "scsi0": "local-lvm:base-9000-disk-0,iothread=1,size=64G",
-                    "ide2": "local-lvm:vm-9000-cloudinit,media=cdrom",
+                    "scsi0": "ceph-vm:base-9000-disk-0,iothread=1,size=64G",
+                    "ide2": "ceph-vm:vm-9000-cloudinit,media=cdrom",
                     "net0": "virtio=BC:24:11:00:90:00,bridge=vmbr0",
                     "boot": "order=scsi0",
                     "serial0": "socket",
@@ -140,6 +167,7 @@ def inventory(port: int) -> dict:
                             "proxmox_gpu_vm_vmid": 203,
                             "proxmox_gpu_vm_model": "glm5",
                             "proxmox_gpu_vm_numa_node": 1,
+                            "proxmox_gpu_vm_storage": "ceph-vm",  # a clone to another node needs shared storage
                             "proxmox_gpu_vm_gpus": [{"mapping": "rtxpro-b0"}, {"mapping": "rtxpro-b1"}],
                         },
                     }

@@ -19,19 +19,22 @@ HERE = Path(__file__).parent
 SSHKEYS = "ssh-ed25519%20AAAAC3NzaC1lZDI1NTE5AAAAIGpufleetTestKey%20ops%40gpufleet"
 
 
-def expected(vmid: int, name: str, node_numa: int, hostpci: dict, tags: str, mmio: int, clique: bool = False) -> dict:
+def expected(
+    vmid: int, name: str, node_numa: int, hostpci: dict, tags: str, mmio: int, clique=False, store="local-lvm"
+) -> dict:
     args = f"-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string={mmio}"
     if clique:
         args += "".join(f" -set device.hostpci{i}.x-nv-gpudirect-clique=1" for i in range(len(hostpci)))
     return {
-        # from the template (clone_vm: new disk and cloud-init volumes, new MAC, vmgenid, smbios uuid)
+        # from the template (clone_vm: new disk and cloud-init volumes on the clone's storage, new MAC, vmgenid,
+        # smbios uuid)
         "ostype": "l26",
         "scsihw": "virtio-scsi-single",
         "boot": "order=scsi0",
         "serial0": "socket",
         "vga": "serial0",
-        "scsi0": f"local-lvm:vm-{vmid}-disk-0,iothread=1,size=64G",
-        "ide2": f"local-lvm:vm-{vmid}-cloudinit,media=cdrom",
+        "scsi0": f"{store}:vm-{vmid}-disk-0,iothread=1,size=64G",
+        "ide2": f"{store}:vm-{vmid}-cloudinit,media=cdrom",
         "net0": "virtio=BC:24:11:00:00:%02X,bridge=vmbr0" % vmid,  # noqa: UP031
         "vmgenid": "00000000-0000-4000-8000-%012x" % vmid,  # noqa: UP031
         "smbios1": "uuid=00000000-0000-4000-9000-%012x" % vmid,  # noqa: UP031
@@ -52,7 +55,7 @@ def expected(vmid: int, name: str, node_numa: int, hostpci: dict, tags: str, mmi
         "hugepages": "1024",
         "numa": "1",
         "numa0": f"cpus=0-15,hostnodes={node_numa},memory=131072,policy=bind",
-        "efidisk0": f"local-lvm:vm-{vmid}-disk-1,format=raw,efitype=4m,pre-enrolled-keys=False,size=4M",
+        "efidisk0": f"{store}:vm-{vmid}-disk-1,format=raw,efitype=4m,pre-enrolled-keys=False,size=4M",
         "args": args,
         **hostpci,
     }
@@ -149,6 +152,7 @@ def test_three_vms_are_created_with_exactly_the_wanted_config(scenario):
             {"hostpci0": "mapping=rtxpro-b0,pcie=1", "hostpci1": "mapping=rtxpro-b1,pcie=1"},
             tags + "glm5",
             524288,
+            store="ceph-vm",
         ),
     }
     assert scenario["first_status"] == {201: "running", 202: "running", 203: "running"}
