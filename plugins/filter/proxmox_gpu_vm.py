@@ -109,13 +109,6 @@ def static_problems(specs: list[dict]) -> list[str]:
             )
         if s.get("clique") and not s.get("gpus"):
             problems.append(f"{vm}: proxmox_gpu_vm_gpudirect_clique is on but proxmox_gpu_vm_gpus is empty")
-        if s.get("needs_args") and s.get("auth") != "root@pam password":
-            problems.append(
-                f"{vm}: the OVMF MMIO window / GPUDirect clique are QEMU args, which Proxmox VE accepts "
-                f"only from root@pam with a password (not from an API token; now: {s.get('auth')}); set "
-                "proxmox_gpu_vm_api_user: root@pam and proxmox_gpu_vm_api_password (vault), or "
-                "proxmox_gpu_vm_mmio64_mb: 0 and proxmox_gpu_vm_gpudirect_clique: false"
-            )
     return problems
 
 

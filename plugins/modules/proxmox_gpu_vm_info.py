@@ -7,13 +7,16 @@ DOCUMENTATION = r"""
 module: proxmox_gpu_vm_info
 short_description: Read what the proxmox_gpu_vm role checks and compares (GET requests only)
 description:
-  - Reads the cluster's VMs (/cluster/resources), each node's PCI devices (/nodes/{node}/hardware/pci), the cluster's
-    PCI resource mappings (/cluster/mapping/pci) and, for the given vmids, the configuration with pending values
-    applied, the pending changes, the status and, when asked, the guest agent's addresses.
+  - Reads the cluster's VMs (/cluster/resources), each node's PCI devices (/nodes/{node}/hardware/pci, with their
+    IOMMU groups) and storages (/nodes/{node}/storage), the cluster's PCI resource mappings (/cluster/mapping/pci),
+    the hostpciN entries of every other VM on those nodes (who holds which GPU), the disks of the given templates
+    and, for the given vmids, the configuration with pending values applied, the pending changes, the status and,
+    when asked, the guest agent's addresses.
+  - VMs the API user may not audit (VM.Audit) are not listed by Proxmox VE, so their GPUs are not seen.
   - Uses the community.proxmox connection options (proxmoxer), so token or password auth as in proxmox_kvm.
 options:
   nodes:
-    description: Nodes whose PCI list is read.
+    description: Nodes whose PCI list, storages and VMs' hostpciN entries are read.
     type: list
     elements: str
     default: []
@@ -21,6 +24,11 @@ options:
     description: VMs whose configuration, pending changes and status are read (absent ones are skipped).
     type: list
     elements: int
+    default: []
+  templates:
+    description: Names of templates whose disks' storages are read (a clone to another node needs shared storage).
+    type: list
+    elements: str
     default: []
   agent:
     description: Also read the guest agent's network interfaces of running VMs with the agent on.
@@ -47,16 +55,34 @@ EXAMPLES = r"""
 
 RETURN = r"""
 cluster:
-  description: vms (cluster resources), pci (node -> devices), mappings, configs/pending/status/agent_ip by vmid.
+  description: >-
+    vms (cluster resources), pci and storage (node -> list), mappings, hostpci (vmid -> {hostpciN: value}) of the
+    nodes' other VMs, templates (name -> [{vmid, node, storages}]), configs/pending/status/agent_ip by vmid.
   returned: always
   type: dict
 """
+
+import re  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.community.proxmox.plugins.module_utils.proxmox import (  # noqa: E402
     ProxmoxAnsible,
     proxmox_auth_argument_spec,
 )
+
+HOSTPCI_RE = re.compile(r"^hostpci\d+$")
+DRIVE_RE = re.compile(r"^(?:ide|sata|scsi|virtio|efidisk|tpmstate)\d+$")
+
+
+def volume_storages(conf: dict) -> list[str]:
+    """The storages of a VM's drives (every drive with a volume, CD-ROMs and cloud-init included, as clone_vm
+    counts them; 'none' and 'cdrom' are no volume)."""
+    out = set()
+    for k, v in conf.items():
+        volid = str(v).split(",", 1)[0]
+        if DRIVE_RE.match(k) and ":" in volid and not volid.startswith("/"):
+            out.add(volid.split(":", 1)[0])
+    return sorted(out)
 
 
 def agent_ip(ifaces: dict) -> str | None:
@@ -74,6 +100,7 @@ def main() -> None:
     spec.update(
         nodes=dict(type="list", elements="str", default=[]),
         vmids=dict(type="list", elements="int", default=[]),
+        templates=dict(type="list", elements="str", default=[]),
         agent=dict(type="bool", default=False),
     )
     module = AnsibleModule(
@@ -84,7 +111,8 @@ def main() -> None:
     )
     px = ProxmoxAnsible(module)
     api = px.proxmox_api
-    out = {"vms": [], "pci": {}, "mappings": [], "configs": {}, "pending": {}, "status": {}, "agent_ip": {}}
+    out = {"vms": [], "pci": {}, "storage": {}, "mappings": [], "hostpci": {}, "templates": {}}
+    out.update(configs={}, pending={}, status={}, agent_ip={})
     try:
         out["version"] = api.version.get()["version"]
         out["vms"] = [r for r in api.cluster.resources.get(type="vm") if r.get("type") == "qemu"]
@@ -92,8 +120,19 @@ def main() -> None:
         for node in module.params["nodes"]:
             if node in online:
                 out["pci"][node] = api.nodes(node).hardware.pci.get()
+                out["storage"][node] = api.nodes(node).storage.get()
         out["mappings"] = api.cluster.mapping.pci.get()
         by_vmid = {int(r["vmid"]): r for r in out["vms"]}
+        wanted = {int(v) for v in module.params["vmids"]}
+        for r in out["vms"]:
+            if r["node"] in out["pci"] and not r.get("template") and int(r["vmid"]) not in wanted:
+                conf = api.nodes(r["node"]).qemu(r["vmid"]).config.get()
+                out["hostpci"][str(r["vmid"])] = {k: v for k, v in conf.items() if HOSTPCI_RE.match(k)}
+            if r.get("template") and r.get("name") in module.params["templates"]:
+                conf = api.nodes(r["node"]).qemu(r["vmid"]).config.get()
+                out["templates"].setdefault(r["name"], []).append(
+                    {"vmid": int(r["vmid"]), "node": r["node"], "storages": volume_storages(conf)}
+                )
         for vmid in module.params["vmids"]:
             vm = by_vmid.get(int(vmid))
             if vm is None or vm.get("template"):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from cluster import PASSWORD, TOKEN_SECRET, cluster
-from conftest import ROOT, Runner
+from proxmox_runner import ROOT, Runner
 from pvesim.server import PveSim, PveSimServer
 
 HERE = Path(__file__).parent

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from cluster import TOKEN_ID, TOKEN_SECRET
-from conftest import ROOT, Runner
+from proxmox_runner import ROOT, Runner
 
 HERE = Path(__file__).parent
 
@@ -19,18 +19,37 @@ def test_inventory_only_mistakes_are_refused_before_any_api_call(runner: Runner)
     h["gpu-a2"]["proxmox_gpu_vm_gpus"] = [{"bus": "0000:81:00.0"}]  # also gpu-a1's
     h["gpu-b1"]["proxmox_gpu_vm_machine"] = "pc-i440fx-8.1"  # pcie=1 without q35
     h["gpu-a1"]["proxmox_gpu_vm_memory_mib"] = 1536  # 1 GiB pages
-    # and token auth, while the OVMF MMIO window is QEMU args, which Proxmox VE accepts only from root@pam itself
+    h["gpu-a2"]["proxmox_gpu_vm_name"] = "gpu_a2"  # no DNS name
+    h["gpu-b1"]["proxmox_gpu_vm_numa_node"] = None  # hugepages without NUMA: the start would fail
+    h["gpu-b1"]["proxmox_gpu_vm_extra_tags"] = ["team/infra"]
+    # and token auth: QEMU args (the OVMF MMIO window), hugepages and raw bus ids are root@pam's only
     token = {"PROXMOX_PASSWORD": "", "PROXMOX_TOKEN_ID": "gpufleet", "PROXMOX_TOKEN_SECRET": TOKEN_SECRET}
     p = runner.run("playbooks/provision.yml", "-v", env=token)
     assert p.returncode != 0
     out = p.stdout
-    assert "gpu-a2: proxmox_gpu_vm_gpus[0]: GPU pve1 0000:81:00.0 is also given to gpu-a1" in out
+    assert "gpu_a2: proxmox_gpu_vm_gpus[0]: GPU pve1 0000:81:00.0 is also given to gpu-a1" in out
     assert (
         "gpu-b1: proxmox_gpu_vm_gpus[0]: pcie=1 needs machine q35 but proxmox_gpu_vm_machine is 'pc-i440fx-8.1'" in out
     )
     assert "gpu-a1: proxmox_gpu_vm_hugepages 1024 (MiB pages) does not fit proxmox_gpu_vm_memory_mib 1536" in out
-    assert "which Proxmox VE accepts only from root@pam with a password (not from an API token; now: API token " in out
+    assert "gpu_a2: proxmox_gpu_vm_name 'gpu_a2' is not a DNS name" in out
+    assert "gpu-b1: tag 'team/infra' (from proxmox_gpu_vm_gpu_class, " in out
+    assert "gpu-b1: proxmox_gpu_vm_hugepages '1024' needs NUMA, but proxmox_gpu_vm_numa_node is not set" in out
+    root_only = "Proxmox VE accepts these settings only from root@pam (not from an API token or another user; now: "
+    assert f"gpu-a1: {root_only}API token root@pam!gpufleet): proxmox_gpu_vm_gpus[0].bus 0000:81:00.0 " in out
+    assert "proxmox_gpu_vm_gpus[1].bus 0000:82:00.0 (a raw bus id" in out
+    b1 = next(line for line in out.split(" | ") if line.startswith(f"gpu-b1: {root_only}"))
+    assert "proxmox_gpu_vm_mmio64_mb" in b1 and "proxmox_gpu_vm_hugepages '1024'" in b1
+    assert ".bus" not in b1  # mappings are no root-only setting
     assert TOKEN_SECRET not in p.stdout + p.stderr
+    assert runner.server.sim.exchanges == [] and runner.writes() == []
+
+
+def test_a_vm_with_refused_variables_stops_the_others_before_any_api_call(runner: Runner):
+    runner.hosts()["gpu-b1"]["proxmox_gpu_vm_cores"] = "many"
+    p = runner.run()
+    assert p.returncode != 0
+    assert "gpu-b1: its variables were refused above; nothing is written while one VM is refused" in p.stdout
     assert runner.server.sim.exchanges == [] and runner.writes() == []
 
 
@@ -47,6 +66,36 @@ def test_cluster_mistakes_are_refused_before_any_write(runner: Runner):
     assert "gpu-a2: proxmox_gpu_vm_vmid 150 is taken by VM 'db01' on pve2, which this inventory does not own" in out
     assert runner.server.sim.exchanges != []  # it did read (GET) ...
     assert runner.writes() == []  # ... and wrote nothing
+
+
+def test_what_proxmox_ve_refuses_is_refused_before_any_write(runner: Runner):
+    """IOMMU groups, a GPU another VM has, a clone to another node without shared storage: each would fail (in
+    pvesim as in PVE) after the role wrote something; the role refuses them first."""
+    sim, h = runner.server.sim, runner.hosts()
+    pve1 = sim.nodes["pve1"]["pci"]
+    next(d for d in pve1 if d["id"] == "0000:01:00.0")["iommugroup"] = 42  # the host's NIC joins gpu-a2's group
+    for d in sim.nodes["pve2"]["pci"]:
+        d["iommugroup"] = -1  # pve2 without IOMMU
+    sim.vms[160] = sim._new_vm(160, "pve1", {"name": "train01", "hostpci0": "0000:81:00", "memory": "8192"})
+    h["gpu-b1"]["proxmox_gpu_vm_storage"] = "local-lvm"
+    p = runner.run()
+    assert p.returncode != 0
+    out = p.stdout
+    assert (
+        "gpu-a2: proxmox_gpu_vm_gpus[0] (0000:a1:00.0 on pve1) shares IOMMU group 42 with 0000:01:00.0 "
+        "(class 0x020000, Mellanox Technologies), which the VM does not get" in out
+    )
+    assert "gpu-b1: proxmox_gpu_vm_gpus[0] (0000:c1:00.0 on pve2) has no IOMMU group (iommugroup -1)" in out
+    assert (
+        "gpu-a1: proxmox_gpu_vm_gpus[0] (0000:81:00.0 on pve1) is also given to VM 160 'train01' (stopped, "
+        "hostpci0: 0000:81:00)" in out
+    )
+    assert (
+        "gpu-b1: proxmox_gpu_vm_template 'debian12-cloud' is on pve1 (proxmox_gpu_vm_template_node) and the VM goes "
+        "to pve2: Proxmox VE clones to another node only on shared storage, and proxmox_gpu_vm_storage 'local-lvm' "
+        "is not a shared storage of pve1" in out
+    )
+    assert runner.writes() == []
 
 
 def test_inventory_plugin_groups_from_tags_and_address_from_agent(pve, tmp_path):
