@@ -1,7 +1,7 @@
 """Filters of engine lanes (docs/engine-lanes.md): a lock's lane, server flags from one engine version to another, the
 migration shown as a diff. The data and the logic are module_utils/sglang_flag_migration.py's; these wrap them.
 
-``sglang_migrate_lane(lock, locks_dir)``          -> {lock, dir, engine_version, cuda_version, table, problem}
+``sglang_migrate_lane(lock, locks_dir[, var])``   -> {lock, dir, engine_version, cuda_version, table, problem}
 ``sglang_migrate_flags(flags, from_v, to_v)``     -> {flags, changes, unmapped}
 ``sglang_migrate_diff(migration)``                -> ["- --nsa-prefill-backend trtllm", "+ --dsa-prefill-...", ...]
 """
@@ -18,9 +18,10 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_flag_migrati
 )
 
 
-def sglang_migrate_lane(lock, locks_dir) -> dict:
-    """The engine lane of lock ``lock`` under ``locks_dir`` (its pinned sglang, CUDA version, argument table)."""
-    return engine_lane(lock, locks_dir)
+def sglang_migrate_lane(lock, locks_dir=None, variable="ml_env_lock") -> dict:
+    """The engine lane of lock ``lock`` under ``locks_dir`` (its pinned sglang, CUDA version, argument table);
+    ``variable`` is what a problem calls the setting that named the lock."""
+    return engine_lane(lock, locks_dir, variable)
 
 
 def sglang_migrate_flags(flags, from_version, to_version) -> dict:

@@ -347,6 +347,8 @@ def migrate_flags(flags, from_version, to_version) -> dict:
 
 # ---- lanes: a lock and the engine it pins ----
 
+# The locks of the project (a checkout) or of the installed collection: both hold locks/ beside plugins/.
+LOCKS_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "locks"))
 _PIN_RE = re.compile(r"^sglang==([^\s;\\#]+)", re.MULTILINE)
 _CUDA_RE = re.compile(r"^cuda_version:\s*['\"]?([0-9.]+)['\"]?\s*$", re.MULTILINE)
 
@@ -359,19 +361,21 @@ def _read(path: str) -> str:
         return ""
 
 
-def engine_lane(lock, locks_dir) -> dict:
-    """The lane of lock ``lock`` (a folder of ``locks_dir``): ``{lock, dir, engine_version, cuda_version, table,
+def engine_lane(lock, locks_dir=None, variable="ml_env_lock") -> dict:
+    """The lane of lock ``lock`` (a folder of ``locks_dir``, by default the project's or installed collection's locks/,
+    LOCKS_DIR): ``{lock, dir, engine_version, cuda_version, table,
     problem}``. ``engine_version`` is the sglang the lock pins (requirements.txt, else requirements.in); ``table`` the
     version whose argument table checks the flags: the engine version, or the pinned default (DEFAULT_VERSION) for a
-    lock that pins no sglang (the lab's simulator). ``problem`` (empty when none) names the variable and the fix."""
+    lock that pins no sglang (the lab's simulator). ``problem`` (empty when none) names the variable that named the
+    lock (``variable``) and the fix."""
     lock = "" if lock is None else str(lock)
-    locks_dir = os.fspath(locks_dir)
+    locks_dir = os.fspath(locks_dir or LOCKS_DIR)
     lane = {"lock": lock, "dir": os.path.join(locks_dir, lock), "engine_version": None, "cuda_version": None,
             "table": DEFAULT_VERSION, "problem": ""}  # fmt: skip
     known = sorted(d for d in os.listdir(locks_dir) if os.path.isfile(os.path.join(locks_dir, d, "lock.yml")))
     if not lock or "/" in lock or lock.startswith(".") or lock not in known:
         lane["problem"] = (
-            f"ml_env_lock {lock!r} names no lock folder under {locks_dir} (one with lock.yml): set ml_env_lock to one "
+            f"{variable} {lock!r} names no lock folder under {locks_dir} (one with lock.yml): set {variable} to one "
             f"of {', '.join(known)}, or write the lock (locks/README.md, "
             f"`python locks/update_locks.py production --name {lock or '<name>'}`)"
         )
@@ -389,7 +393,7 @@ def engine_lane(lock, locks_dir) -> dict:
     lane["table"] = lane["engine_version"]
     if not os.path.isfile(table_file(lane["engine_version"])):
         lane["problem"] = (
-            f"ml_env_lock {lock!r} pins sglang {lane['engine_version']}, which has no argument table "
+            f"{variable} {lock!r} pins sglang {lane['engine_version']}, which has no argument table "
             f"(plugins/module_utils/sglang_args/sglang-args-{lane['engine_version']}.json; tables: "
             f"{', '.join(table_versions())}): dump its parser with lab/real-engine/dump_parser.py and reduce it with "
             "lab/real-engine/reduce_table.py (docs/engine-lanes.md)"
