@@ -215,7 +215,7 @@ def rules_between(from_version: str, to_version: str) -> tuple[list[dict], bool]
     return picked, backwards
 
 
-def _forward(rule: dict, flags: dict, changes: list) -> None:
+def _forward(rule: dict, flags: dict, changes: list, held: list, context: dict) -> None:
     kind, old = rule["kind"], rule["option"]
     key = next((k for k in flags if _opt(k) == old), None)
     if key is None:
@@ -242,6 +242,14 @@ def _forward(rule: dict, flags: dict, changes: list) -> None:
         new = {} if value is True else None
     elif kind == "dp_attention":
         dp_key = next((k for k in flags if _opt(k) in ("--dp-size", "--data-parallel-size")), None)
+        elsewhere = context.get("--dp-size", context.get("--data-parallel-size"))
+        if dp_key is None and value is True and elsewhere not in (None, 1, "1"):
+            why = (
+                f"{old} is set here and --dp-size {elsewhere} in another layer: SGLang {rule['since']} reads the two "
+                f"together as {rule['to']} {elsewhere}; write that in one layer by hand ({rule['source']})"
+            )
+            held.append({"option": old, "value": value, "why": why})
+            return
         width = flags.get(dp_key, 1) if dp_key else 1
         # attention DP of width 1 is no attention DP: the switch goes, no --attn-dp-size
         wide = {_spell(rule["to"], key): width} if str(width) != "1" else {}
@@ -259,7 +267,7 @@ def _forward(rule: dict, flags: dict, changes: list) -> None:
     changes.append({"option": old, "from": {key: value}, "to": new, **note})
 
 
-def _backward(rule: dict, flags: dict, changes: list) -> None:
+def _backward(rule: dict, flags: dict, changes: list, held: list, context: dict) -> None:  # noqa: ARG001
     kind, old = rule["kind"], rule["option"]
     note = {"why": "back to before " + rule["since"] + ": " + rule["why"], "source": rule["source"]}
     if kind == "values":
@@ -317,32 +325,68 @@ def _target_problem(key, value, table: dict, version: str) -> str:
     return ""
 
 
-def migrate_flags(flags, from_version, to_version) -> dict:
-    """``{flags, changes, unmapped}``: the flags for ``to_version``; each change ``{option, from, to, why, source}``;
-    each flag the target does not take and no rule maps ``{option, value, why}`` (left in ``flags`` as it was)."""
+def _versions(from_version, to_version) -> tuple[str, str, dict, dict]:
+    from_version, to_version = str(from_version), str(to_version)
+    version_key(from_version), version_key(to_version)  # refuses what is no version before looking for a table
+    return from_version, to_version, _need_table(from_version, "from_version"), _need_table(to_version, "to_version")
+
+
+def _migrate(flags, from_version: str, to_version: str, source: dict, target: dict, context: dict) -> dict:
     if flags is None:
         flags = {}
     if not isinstance(flags, dict):
         raise MigrationError(f"the flags must be a mapping of option -> value, got {type(flags).__name__}")
-    from_version, to_version = str(from_version), str(to_version)
-    version_key(from_version), version_key(to_version)  # refuses what is no version before looking for a table
-    source = _need_table(from_version, "from_version")
-    target = _need_table(to_version, "to_version")
     out = dict(flags)
     changes: list[dict] = []
+    held: list[dict] = []
     rules, backwards = rules_between(from_version, to_version)
     for rule in rules:
-        (_backward if backwards else _forward)(rule, out, changes)
+        (_backward if backwards else _forward)(rule, out, changes, held, context)
     for key in [k for k, v in out.items() if v in _OMITTED and _opt(k) not in target]:
         del out[key]  # not rendered, and the target has no such option: it goes
-    unmapped = []
+    # the changes in the order of the flags they replace (as the inventory lists them), not of the rules
+    position = {k: i for i, k in enumerate(flags)}
+    changes.sort(key=lambda c: min((position.get(k, len(position)) for k in c["from"]), default=len(position)))
+    unmapped = list(held)
     for key, value in out.items():
+        if any(h["option"] == _opt(key) for h in held):
+            continue
         problem = _target_problem(key, value, target, to_version)
         if problem and _opt(key) not in source and not any(_opt(key) in c["to"] or key in c["to"] for c in changes):
             problem += f" (nor is it an option of SGLang {from_version}: a typo?)"
         if problem:
             unmapped.append({"option": _opt(key), "value": value, "why": problem})
     return {"flags": out, "changes": changes, "unmapped": unmapped}
+
+
+def migrate_flags(flags, from_version, to_version) -> dict:
+    """``{flags, changes, unmapped}``: the flags for ``to_version``; each change ``{option, from, to, why, source}``;
+    each flag the target does not take and no rule maps ``{option, value, why}`` (left in ``flags`` as it was)."""
+    from_version, to_version, source, target = _versions(from_version, to_version)
+    return _migrate(flags, from_version, to_version, source, target, {})
+
+
+def migrate_layers(layers, from_version, to_version) -> dict:
+    """The inventory's flag layers (``{variable: flags}``, lowest first) migrated one by one, so that each change and
+    each unmapped flag names the variable to edit: ``{layers, changes, unmapped}``, every change and unmapped entry
+    with its ``layer``. A rule that reads two options together (``--enable-dp-attention`` with ``--dp-size``) sees the
+    other layers; when the two are in different layers the flag is unmapped, saying so."""
+    from_version, to_version, source, target = _versions(from_version, to_version)
+    if not isinstance(layers, dict):
+        raise MigrationError(f"the layers must be a mapping of variable -> flags, got {type(layers).__name__}")
+    out: dict = {"layers": {}, "changes": [], "unmapped": []}
+    for name, flags in layers.items():
+        context = {
+            _opt(k): v for other, fl in layers.items() if other != name and isinstance(fl, dict) for k, v in fl.items()
+        }
+        try:
+            result = _migrate(flags, from_version, to_version, source, target, context)
+        except MigrationError as exc:
+            raise MigrationError(f"{name}: {exc}") from exc
+        out["layers"][name] = result["flags"]
+        out["changes"] += [{"layer": name, **c} for c in result["changes"]]
+        out["unmapped"] += [{"layer": name, **u} for u in result["unmapped"]]
+    return out
 
 
 # ---- lanes: a lock and the engine it pins ----

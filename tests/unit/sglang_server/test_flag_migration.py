@@ -268,3 +268,54 @@ def test_a_lane_whose_sglang_has_no_table_says_how_to_make_one(tmp_path):
     assert (found["engine_version"], found["cuda_version"]) == ("0.6.0", "13.1")
     assert "pins sglang 0.6.0, which has no argument table" in found["problem"]
     assert "lab/real-engine/dump_parser.py" in found["problem"] and "reduce_table.py" in found["problem"]
+
+
+def test_layers_migrate_one_by_one_each_change_naming_its_layer():
+    layers = {
+        "sglang_server_args_common": {"port": 8000},
+        "sglang_server_args_gpu_class": {"nsa-prefill-backend": "trtllm", "enable-flashinfer-allreduce-fusion": True},
+        "sglang_server_args_model": None,
+        "sglang_server_args_host": {"nsa-prefill-backend": None, "enable-nan-detection": True},
+    }
+    result = FILTERS["sglang_migrate_layers"](layers, "0.5.9", NEWEST)
+    assert result["layers"] == {
+        "sglang_server_args_common": {"port": 8000},
+        "sglang_server_args_gpu_class": {
+            "dsa-prefill-backend": "trtllm",
+            "flashinfer-allreduce-fusion-backend": "auto",
+        },
+        "sglang_server_args_model": {},
+        "sglang_server_args_host": {"dsa-prefill-backend": None, "enable-nan-detection": True},
+    }
+    assert {c["layer"] for c in result["changes"]} == {"sglang_server_args_gpu_class"}
+    assert [(u["layer"], u["option"]) for u in result["unmapped"]] == [
+        ("sglang_server_args_host", "--enable-nan-detection")
+    ]
+    assert diff(result) == [
+        "sglang_server_args_gpu_class:",
+        "- --nsa-prefill-backend trtllm",
+        "+ --dsa-prefill-backend trtllm  # " + result["changes"][0]["why"],
+        "- --enable-flashinfer-allreduce-fusion",
+        "+ --flashinfer-allreduce-fusion-backend auto  # " + result["changes"][1]["why"],
+        "sglang_server_args_host:",
+        "! --enable-nan-detection: " + result["unmapped"][0]["why"],
+    ]
+
+
+def test_dp_attention_split_over_two_layers_is_unmapped_saying_so():
+    layers = {"sglang_server_args_gpu_class": {"dp-size": 4}, "sglang_server_args_model": {"enable-dp-attention": True}}
+    result = FILTERS["sglang_migrate_layers"](layers, "0.5.9", NEWEST)
+    assert result["layers"] == layers and result["changes"] == []
+    (held,) = result["unmapped"]
+    assert (held["layer"], held["option"]) == ("sglang_server_args_model", "--enable-dp-attention")
+    assert "--dp-size 4 in another layer" in held["why"] and "--attn-dp-size 4" in held["why"]
+    # in one layer it migrates
+    one = FILTERS["sglang_migrate_layers"]({"x": {"dp-size": 4, "enable-dp-attention": True}}, "0.5.9", NEWEST)
+    assert one["layers"] == {"x": {"attn-dp-size": 4}} and one["unmapped"] == []
+
+
+def test_a_layer_that_is_not_a_mapping_is_refused_naming_it():
+    with pytest.raises(
+        AnsibleFilterError, match="^sglang_migrate_layers: sglang_server_args_host: the flags must be a mapping"
+    ):
+        FILTERS["sglang_migrate_layers"]({"sglang_server_args_host": ["port"]}, "0.5.9", NEWEST)

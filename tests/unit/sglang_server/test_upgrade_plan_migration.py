@@ -1,5 +1,7 @@
 """playbooks/upgrade_plan.yml (issue 35) run for real by ansible-playbook against an inventory whose hosts cannot be
 reached (TEST-NET addresses over ssh): the plan reads only the inventory, so it must finish without contacting them.
+It migrates the inventory's layers one by one (filter sglang_migrate_layers), so each change names the variable to
+edit; it does not run the role's `flags` entry point (tests/unit/tools/test_tree_shape.py allows one playbook to).
 And the sglang_server role's exact-flag check picks the argument table of the host's lane (vars/main.yml)."""
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def inventory(tmp_path: Path, hosts: dict[str, dict]) -> Path:
             "ansible_host": f"192.0.2.{i}", "ansible_connection": "ssh", "ansible_timeout": 1, **host_vars,
         }  # fmt: skip
     path = tmp_path / "hosts.yml"
-    path.write_text(yaml.safe_dump(doc))
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
 
@@ -58,7 +60,9 @@ def test_the_plan_shows_each_hosts_flags_on_the_cuda_13_lane_without_touching_a_
     assert doc["stats"]["gpu-01"]["unreachable"] == 0 and doc["stats"]["gpu-01"]["failures"] == 0
     shown = task(doc, "Show the plan")["gpu-01"]["msg"]
     assert shown[0] == "lane sglang-cu128 (sglang 0.5.9, CUDA 12.8) -> sglang-cu130 (sglang 0.5.23, CUDA 13.0)"
-    assert "- --nsa-decode-backend trtllm" in shown and "- --enable-flashinfer-allreduce-fusion" in shown
+    # layer by layer: the seed's backends are in the GPU class's layer, the variable to edit
+    assert shown[1:3] == ["sglang_server_args_gpu_class:", "- --nsa-decode-backend trtllm"]
+    assert "- --enable-flashinfer-allreduce-fusion" in shown and "sglang_server_args_model:" not in shown
     assert any(line.startswith("+ --dsa-decode-backend trtllm  # NSA is called DSA") for line in shown)
     assert any(
         line.startswith("+ --flashinfer-allreduce-fusion-backend auto  # deprecated in 0.5.23") for line in shown
@@ -83,7 +87,7 @@ def test_a_flag_without_a_mapping_fails_its_host_naming_the_option(tmp_path):
     assert msg.startswith(
         "gpu-01: on lane sglang-cu130 (SGLang 0.5.23) these flags have no mapping: --enable-nan-detection"
     )
-    assert "Fix: change or remove --enable-nan-detection in sglang_server_args_common/_gpu_class/_model/_host" in msg
+    assert "Fix: change or remove --enable-nan-detection in sglang_server_args_host (or add a rule" in msg
     assert doc["stats"]["gpu-01"]["unreachable"] == 0
 
 
