@@ -95,6 +95,46 @@ def agent_ip(ifaces: dict) -> str | None:
     return None
 
 
+def read_cluster(api, nodes: list[str], vmids: list[int], templates: list[str], agent: bool) -> dict:
+    """Everything the role checks and compares, with GET requests only (api: a proxmoxer ProxmoxAPI)."""
+    out = {"vms": [], "pci": {}, "storage": {}, "mappings": [], "hostpci": {}, "templates": {}}
+    out.update(configs={}, pending={}, status={}, agent_ip={})
+    out["version"] = api.version.get()["version"]
+    out["vms"] = [r for r in api.cluster.resources.get(type="vm") if r.get("type") == "qemu"]
+    online = {n["node"] for n in api.nodes.get() if n.get("status") == "online"}
+    for node in nodes:
+        if node in online:
+            out["pci"][node] = api.nodes(node).hardware.pci.get()
+            out["storage"][node] = api.nodes(node).storage.get()
+    out["mappings"] = api.cluster.mapping.pci.get()
+    by_vmid = {int(r["vmid"]): r for r in out["vms"]}
+    wanted = {int(v) for v in vmids}
+    for r in out["vms"]:
+        if r["node"] in out["pci"] and not r.get("template") and int(r["vmid"]) not in wanted:
+            conf = api.nodes(r["node"]).qemu(r["vmid"]).config.get()
+            out["hostpci"][str(r["vmid"])] = {k: v for k, v in conf.items() if HOSTPCI_RE.match(k)}
+        if r.get("template") and r.get("name") in templates:
+            conf = api.nodes(r["node"]).qemu(r["vmid"]).config.get()
+            out["templates"].setdefault(r["name"], []).append(
+                {"vmid": int(r["vmid"]), "node": r["node"], "storages": volume_storages(conf)}
+            )
+    for vmid in vmids:
+        vm = by_vmid.get(int(vmid))
+        if vm is None or vm.get("template"):
+            continue
+        q = api.nodes(vm["node"]).qemu(vmid)
+        key = str(vmid)
+        out["configs"][key] = q.config.get()
+        out["pending"][key] = q.pending.get()
+        out["status"][key] = q.status.current.get()["status"]
+        if agent and out["status"][key] == "running":
+            try:
+                out["agent_ip"][key] = agent_ip(q.agent("network-get-interfaces").get())
+            except Exception:  # the agent is not up yet: no address, the caller retries
+                out["agent_ip"][key] = None
+    return out
+
+
 def main() -> None:
     spec = proxmox_auth_argument_spec()
     spec.update(
@@ -110,43 +150,9 @@ def main() -> None:
         required_together=[("api_token_id", "api_token_secret")],
     )
     px = ProxmoxAnsible(module)
-    api = px.proxmox_api
-    out = {"vms": [], "pci": {}, "storage": {}, "mappings": [], "hostpci": {}, "templates": {}}
-    out.update(configs={}, pending={}, status={}, agent_ip={})
+    p = module.params
     try:
-        out["version"] = api.version.get()["version"]
-        out["vms"] = [r for r in api.cluster.resources.get(type="vm") if r.get("type") == "qemu"]
-        online = {n["node"] for n in api.nodes.get() if n.get("status") == "online"}
-        for node in module.params["nodes"]:
-            if node in online:
-                out["pci"][node] = api.nodes(node).hardware.pci.get()
-                out["storage"][node] = api.nodes(node).storage.get()
-        out["mappings"] = api.cluster.mapping.pci.get()
-        by_vmid = {int(r["vmid"]): r for r in out["vms"]}
-        wanted = {int(v) for v in module.params["vmids"]}
-        for r in out["vms"]:
-            if r["node"] in out["pci"] and not r.get("template") and int(r["vmid"]) not in wanted:
-                conf = api.nodes(r["node"]).qemu(r["vmid"]).config.get()
-                out["hostpci"][str(r["vmid"])] = {k: v for k, v in conf.items() if HOSTPCI_RE.match(k)}
-            if r.get("template") and r.get("name") in module.params["templates"]:
-                conf = api.nodes(r["node"]).qemu(r["vmid"]).config.get()
-                out["templates"].setdefault(r["name"], []).append(
-                    {"vmid": int(r["vmid"]), "node": r["node"], "storages": volume_storages(conf)}
-                )
-        for vmid in module.params["vmids"]:
-            vm = by_vmid.get(int(vmid))
-            if vm is None or vm.get("template"):
-                continue
-            q = api.nodes(vm["node"]).qemu(vmid)
-            key = str(vmid)
-            out["configs"][key] = q.config.get()
-            out["pending"][key] = q.pending.get()
-            out["status"][key] = q.status.current.get()["status"]
-            if module.params["agent"] and out["status"][key] == "running":
-                try:
-                    out["agent_ip"][key] = agent_ip(q.agent("network-get-interfaces").get())
-                except Exception:  # the agent is not up yet: no address, the caller retries
-                    out["agent_ip"][key] = None
+        out = read_cluster(px.proxmox_api, p["nodes"], p["vmids"], p["templates"], p["agent"])
     except Exception as e:  # noqa: BLE001 - the API's message is the useful part
         module.fail_json(msg=f"reading the Proxmox VE cluster failed: {e}")
     module.exit_json(changed=False, cluster=out)
