@@ -24,6 +24,7 @@ import hashlib
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -195,6 +196,7 @@ def main() -> int:
     ap.add_argument("--qemu-server", type=Path, required=True, help="git directory of github.com/proxmox/qemu-server")
     ap.add_argument("--out", type=Path, default=HERE / "schema")
     args = ap.parse_args()
+    sys.path.insert(0, str(HERE.parent))  # run as a script: lab/ holds the pvesim package
     from pvesim.endpoints import SCHEMA_ENDPOINTS
 
     args.out.mkdir(exist_ok=True)
