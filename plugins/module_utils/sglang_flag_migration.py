@@ -419,9 +419,12 @@ def engine_lane(lock, locks_dir=None, variable="ml_env_lock") -> dict:
     known = sorted(d for d in os.listdir(locks_dir) if os.path.isfile(os.path.join(locks_dir, d, "lock.yml")))
     if not lock or "/" in lock or lock.startswith(".") or lock not in known:
         lane["problem"] = (
-            f"{variable} {lock!r} names no lock folder under {locks_dir} (one with lock.yml): set {variable} to one "
-            f"of {', '.join(known)}, or write the lock (locks/README.md, "
-            f"`python locks/update_locks.py production --name {lock or '<name>'}`)"
+            f"{variable} {lock!r} names no lock folder under {locks_dir} (one with lock.yml): set {variable} to "
+            + ("a lock folder (there: " if variable.endswith("_dir") else "one of ")
+            + (", ".join(known) or "none")
+            + (")" if variable.endswith("_dir") else "")
+            + ", or write the lock (locks/README.md, "
+            + f"`python locks/update_locks.py production --name {lock or '<name>'}`)"
         )
         return lane
     meta = _read(os.path.join(lane["dir"], "lock.yml"))

@@ -153,3 +153,23 @@ def test_validate_inputs_checks_the_flags_against_the_table_of_the_hosts_lane(tm
             "is not an option of SGLang 0.5.23 (the argument table of lane sglang-cu130); did you mean --dsa-"
             in problem
         )
+
+
+def test_the_roles_lane_follows_ml_env_lock_dir_when_the_inventory_sets_it(tmp_path):
+    """ml_env's other way to name a lock (a folder of its own): the lane is that folder's pinned sglang."""
+    lock = tmp_path / "locks" / "my-cu130"
+    lock.mkdir(parents=True)
+    (lock / "lock.yml").write_text('name: my-cu130\ncuda_version: "13.0"\n')
+    (lock / "requirements.in").write_text("sglang==0.5.23\n")
+    lane = render(
+        REPO / "inventory" / "lab" / "group_vars", "localhost", LANE_EXPR, {"ml_env_lock_dir": str(lock)}, tmp_path
+    )
+    assert (lane["lock"], lane["engine_version"], lane["table"], lane["problem"]) == (
+        "my-cu130",
+        "0.5.23",
+        "0.5.23",
+        "",
+    )
+    missing = {"ml_env_lock_dir": str(tmp_path / "locks" / "gone")}
+    lane = render(REPO / "inventory" / "lab" / "group_vars", "localhost", LANE_EXPR, missing, tmp_path)
+    assert lane["problem"].startswith("ml_env_lock_dir 'gone' names no lock folder under " + str(tmp_path / "locks"))
