@@ -392,7 +392,7 @@ def migrate_layers(layers, from_version, to_version) -> dict:
 # ---- lanes: a lock and the engine it pins ----
 
 # The locks of the project (a checkout) or of the installed collection: both hold locks/ beside plugins/.
-LOCKS_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "locks"))
+LOCKS_DIR = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "locks"))
 _PIN_RE = re.compile(r"^sglang==([^\s;\\#]+)", re.MULTILINE)
 _CUDA_RE = re.compile(r"^cuda_version:\s*['\"]?([0-9.]+)['\"]?\s*$", re.MULTILINE)
 
