@@ -163,6 +163,35 @@ RULES: list[dict] = [
         "0.5.23 sglang/srt/arg_groups/fields/exec_.py:640-643",
     },
     {
+        "option": "--reasoning-parser",
+        "since": "0.5.10.post1",
+        "kind": "values",
+        "values": {"nano_v3": "nemotron_3"},
+        "why": "reasoning parser nano_v3 is called nemotron_3 from 0.5.10 on (the same <think>...</think> detector)",
+        "source": "0.5.9 sglang/srt/parser/reasoning_parser.py:340-362,388 (NanoV3Detector); 0.5.10.post1 "
+        "reasoning_parser.py:421-445,506 (Nemotron3Detector)",
+    },
+    {
+        "option": "--mamba-scheduler-strategy",
+        "since": "0.5.23",
+        "kind": "rename",
+        "to": "--mamba-radix-cache-strategy",
+        "why": "renamed: the mamba radix cache's strategy (same help, same choices and one more) is "
+        "--mamba-radix-cache-strategy in 0.5.23",
+        "source": "0.5.10.post1 sglang/srt/server_args.py:5071-5075; "
+        "0.5.23 sglang/srt/arg_groups/fields/exec_.py:512-519",
+    },
+    {
+        "option": "--enable-prefill-context-parallel",
+        "since": "0.5.23",
+        "kind": "rename",
+        "to": "--enable-prefill-cp",
+        "why": "renamed: context parallelism of the prefill phase is --enable-prefill-cp in 0.5.23 (its layout: "
+        "--cp-strategy)",
+        "source": "0.5.10.post1 sglang/srt/server_args.py:5663-5666; "
+        "0.5.23 sglang/srt/arg_groups/fields/parallel.py:153-156",
+    },
+    {
         "option": "--enable-dp-attention",
         "since": "0.5.23",
         "kind": "dp_attention",
@@ -174,6 +203,108 @@ RULES: list[dict] = [
         "sglang/srt/arg_groups/parallel_hook.py:39-61 (handle_deprecated_dp_attention)",
     },
 ]
+
+
+# Options gone from a version's parser with no replacement that sglang's source names one-to-one: a flag with one of
+# these is reported unmapped with the reason (the operator decides). ``since``: the first version with a table where
+# the option is absent; ``source``: where the last version with it defines it. Together with RULES this covers every
+# option that disappears between two consecutive tables (tests/unit/sglang_server/test_flag_migration.py).
+_GONE_510 = "absent from 0.5.10.post1's parser (server-args-0.5.10.post1.json); 0.5.9 sglang/srt/server_args.py:"
+_GONE_523 = "absent from 0.5.23's parser (server-args-0.5.23.json); 0.5.10.post1 sglang/srt/server_args.py:"
+_NO_REPLACEMENT = "removed; sglang's source names no replacement"
+_PIECEWISE = (
+    "the piecewise CUDA graph is the prefill-phase CUDA graph in 0.5.23 (--cuda-graph-backend-prefill, "
+    "--cuda-graph-bs-prefill, --cuda-graph-max-seq-len-prefill: fields/exec_.py:613-660), sized by batch and sequence "
+    "length, not by tokens: no one-to-one value"
+)
+_PREFILL_CP = (
+    "prefill context parallelism is --enable-prefill-cp with --cp-strategy zigzag|interleave in 0.5.23 "
+    "(fields/parallel.py:153-163); the old split modes have no one-to-one value"
+)
+RETIRED: dict[str, dict] = {
+    "--disable-hicache-numa-detect": {"since": "0.5.10.post1", "why": _NO_REPLACEMENT, "source": _GONE_510 + "4299"},
+    "--disaggregation-decode-dp": {"since": "0.5.10.post1", "why": _NO_REPLACEMENT, "source": _GONE_510 + "4868"},
+    "--disaggregation-decode-tp": {"since": "0.5.10.post1", "why": _NO_REPLACEMENT, "source": _GONE_510 + "4862"},
+    "--disaggregation-prefill-pp": {"since": "0.5.10.post1", "why": _NO_REPLACEMENT, "source": _GONE_510 + "4874"},
+    "--mm-max-concurrent-calls": {"since": "0.5.10.post1", "why": _NO_REPLACEMENT, "source": _GONE_510 + "5003"},
+    "--mm-per-request-timeout": {"since": "0.5.10.post1", "why": _NO_REPLACEMENT, "source": _GONE_510 + "5009"},
+    "--speculative-ngram-branch-length": {
+        "since": "0.5.10.post1",
+        "why": "ngram speculative decoding is trie-based from 0.5.10 (--speculative-ngram-max-trie-depth, "
+        "--speculative-ngram-*-bfs-breadth): no one-to-one value",
+        "source": _GONE_510 + "4057",
+    },
+    "--speculative-ngram-max-match-window-size": {
+        "since": "0.5.10.post1",
+        "why": "ngram speculative decoding is trie-based from 0.5.10: no one-to-one value",
+        "source": _GONE_510 + "4032",
+    },
+    "--speculative-ngram-min-match-window-size": {
+        "since": "0.5.10.post1",
+        "why": "ngram speculative decoding is trie-based from 0.5.10: no one-to-one value",
+        "source": _GONE_510 + "4026",
+    },
+    "--collect-tokens-histogram": {"since": "0.5.23", "why": _NO_REPLACEMENT, "source": _GONE_523 + "4359"},
+    "--custom-sigquit-handler": {"since": "0.5.23", "why": _NO_REPLACEMENT, "source": _GONE_523 + "4234"},
+    "--debug-tensor-dump-inject": {"since": "0.5.23", "why": _NO_REPLACEMENT, "source": _GONE_523 + "5735"},
+    "--enable-double-sparsity": {
+        "since": "0.5.23",
+        "why": "double-sparsity attention is gone",
+        "source": _GONE_523 + "5259",
+    },
+    "--ds-channel-config-path": {
+        "since": "0.5.23",
+        "why": "double-sparsity attention is gone",
+        "source": _GONE_523 + "5264",
+    },
+    "--ds-heavy-channel-num": {
+        "since": "0.5.23",
+        "why": "double-sparsity attention is gone",
+        "source": _GONE_523 + "5270",
+    },
+    "--ds-heavy-token-num": {
+        "since": "0.5.23",
+        "why": "double-sparsity attention is gone",
+        "source": _GONE_523 + "5276",
+    },
+    "--ds-heavy-channel-type": {
+        "since": "0.5.23",
+        "why": "double-sparsity attention is gone",
+        "source": _GONE_523 + "5282",
+    },
+    "--ds-sparse-decode-threshold": {
+        "since": "0.5.23",
+        "why": "double-sparsity attention is gone",
+        "source": _GONE_523 + "5288",
+    },
+    "--enable-expert-distribution-metrics": {"since": "0.5.23", "why": _NO_REPLACEMENT, "source": _GONE_523 + "5011"},
+    "--enable-nan-detection": {
+        "since": "0.5.23",
+        "why": "deprecated in 0.5.10 for the environment variables SGLANG_SPEC_NAN_DETECTION=1 and "
+        "SGLANG_SPEC_OOB_DETECTION=1 (its help), gone in 0.5.23: set them in sglang_server_environment",
+        "source": _GONE_523 + "5520",
+    },
+    "--enable-nsa-prefill-context-parallel": {"since": "0.5.23", "why": _PREFILL_CP, "source": _GONE_523 + "5650"},
+    "--nsa-prefill-cp-mode": {"since": "0.5.23", "why": _PREFILL_CP, "source": _GONE_523 + "5655"},
+    "--prefill-cp-mode": {"since": "0.5.23", "why": _PREFILL_CP, "source": _GONE_523 + "5668"},
+    "--enforce-piecewise-cuda-graph": {"since": "0.5.23", "why": _PIECEWISE, "source": _GONE_523 + "5484"},
+    "--piecewise-cuda-graph-tokens": {"since": "0.5.23", "why": _PIECEWISE, "source": _GONE_523 + "5489"},
+    "--piecewise-cuda-graph-compiler": {"since": "0.5.23", "why": _PIECEWISE, "source": _GONE_523 + "5495"},
+    "--piecewise-cuda-graph-max-tokens": {"since": "0.5.23", "why": _PIECEWISE, "source": _GONE_523 + "5508"},
+    "--hybrid-kvcache-ratio": {
+        "since": "0.5.23",
+        "why": "a no-op (DeprecatedAction) already in 0.5.9 and 0.5.10, whose help names --swa-full-tokens-ratio",
+        "source": _GONE_523 + "4030",
+    },
+    "--prefill-round-robin-balance": {
+        "since": "0.5.23",
+        "why": "a no-op (DeprecatedAction) already in 0.5.9 and 0.5.10",
+        "source": _GONE_523 + "4545",
+    },
+    "--keep-mm-feature-on-device": {"since": "0.5.23", "why": _NO_REPLACEMENT, "source": _GONE_523 + "5606"},
+    "--multi-item-scoring-delimiter": {"since": "0.5.23", "why": _NO_REPLACEMENT, "source": _GONE_523 + "5328"},
+    "--torchao-config": {"since": "0.5.23", "why": _NO_REPLACEMENT, "source": _GONE_523 + "5514"},
+}
 
 
 class MigrationError(ValueError):
@@ -312,6 +443,12 @@ def _target_problem(key, value, table: dict, version: str) -> str:
     """Why the target version does not take this flag as it is ('' when it does)."""
     option = _opt(key)
     entry = table.get(option)
+    if entry is None and option in RETIRED and version_key(RETIRED[option]["since"]) <= version_key(version):
+        gone = RETIRED[option]
+        return (
+            f"{option} is not an option of SGLang {version} (retired in {gone['since']}: {gone['why']}; "
+            f"{gone['source']}) and no migration rule maps it"
+        )
     if entry is None:
         return f"{option} is not an option of SGLang {version} and no migration rule maps it"
     if entry["kind"] == "deprecated":

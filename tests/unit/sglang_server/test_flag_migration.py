@@ -164,10 +164,9 @@ def test_the_0_5_10_renames_and_the_switch_that_became_the_default():
 def test_a_retired_option_without_a_mapping_is_reported_by_name_and_left_as_it_was():
     result = migrate({"enable-nan-detection": True, "port": 1, "torchao-config": "int4wo-128"}, "0.5.9", NEWEST)
     assert [u["option"] for u in result["unmapped"]] == ["--enable-nan-detection", "--torchao-config"]
-    assert (
-        "--enable-nan-detection is not an option of SGLang 0.5.23 and no migration rule maps it"
-        in result["unmapped"][0]["why"]
-    )
+    why = result["unmapped"][0]["why"]
+    assert why.startswith("--enable-nan-detection is not an option of SGLang 0.5.23 (retired in 0.5.23: deprecated in")
+    assert "SGLANG_SPEC_NAN_DETECTION=1" in why and why.endswith("server_args.py:5520) and no migration rule maps it")
     assert result["flags"]["enable-nan-detection"] is True
     assert diff(result)[-1].startswith("! --torchao-config int4wo-128: --torchao-config is not an option")
 
@@ -319,3 +318,38 @@ def test_a_layer_that_is_not_a_mapping_is_refused_naming_it():
         AnsibleFilterError, match="^sglang_migrate_layers: sglang_server_args_host: the flags must be a mapping"
     ):
         FILTERS["sglang_migrate_layers"]({"sglang_server_args_host": ["port"]}, "0.5.9", NEWEST)
+
+
+def test_every_option_gone_between_two_tables_is_mapped_or_named_retired():
+    """The migration table is the whole diff: each option string of a table that the next table lacks has a rule (of
+    that version or, deprecated first, an earlier one) or a RETIRED entry of the version it went in; a RETIRED option
+    is gone in its version, and no option is both ruled and retired."""
+    versions = table_versions()
+    ruled = {r["option"]: r["since"] for r in m.RULES if r["kind"] != "values"}
+    for older, newer in zip(versions, versions[1:], strict=False):
+        gone = set(load_table(older)) - set(load_table(newer))
+        by_rule = {o for o, since in ruled.items() if m.version_key(since) <= m.version_key(newer)}
+        retired = {o for o, r in m.RETIRED.items() if r["since"] == newer}
+        assert gone - by_rule - retired == set(), f"gone in {newer} without a rule or a RETIRED entry"
+        assert retired <= gone, f"RETIRED in {newer} but still an option there: {sorted(retired - gone)}"
+    assert not set(ruled) & set(m.RETIRED)
+
+
+def test_a_retired_option_says_why_and_where():
+    result = migrate({"enable-double-sparsity": True, "piecewise-cuda-graph-max-tokens": 4096}, "0.5.10.post1", NEWEST)
+    whys = [u["why"] for u in result["unmapped"]]
+    assert "(retired in 0.5.23: double-sparsity attention is gone; absent from 0.5.23's parser" in whys[0]
+    assert "--cuda-graph-backend-prefill" in whys[1] and "no one-to-one value" in whys[1]
+
+
+def test_the_newer_renames_of_0_5_10_and_0_5_23():
+    flags = {
+        "reasoning-parser": "nano_v3",
+        "mamba-scheduler-strategy": "extra_buffer",
+        "enable-prefill-context-parallel": True,
+    }
+    result = migrate(flags, "0.5.9", NEWEST)
+    assert result["flags"] == {
+        "reasoning-parser": "nemotron_3", "mamba-radix-cache-strategy": "extra_buffer", "enable-prefill-cp": True,
+    }  # fmt: skip
+    assert result["unmapped"] == []
