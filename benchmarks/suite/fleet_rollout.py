@@ -1,4 +1,4 @@
-"""Fleet benchmarks of issues 14 and 15 on one lab: no-op `deploy.yml` and no-op `playbooks/rollout.yml` on 1
+"""Fleet benchmarks on one lab: no-op `deploy.yml` and no-op `playbooks/rollout.yml` on 1
 and on N server hosts, and a real rollout's overhead per batch split from the engine's warm-up.
 
     python benchmarks/suite/fleet_rollout.py [--hosts 8] [--repeats 2] [--rollout-repeats 3] [--keep-lab]
@@ -12,7 +12,7 @@ mirror, test hub, wheelhouses) as `make deploy` uses it. Steps:
 2. no-op `deploy.yml` (each host proven in place by the converged check, `hosts_proven_in_place`) limited to one
    server host, then to every server host (`-l sglang_servers`; the gateway
    stage has no host in either run), alternating, `--repeats` times each: best wall time and the ratio
-   N hosts / 1 host (issue 15's goal: at most 1.5);
+   N hosts / 1 host (the goal: at most 1.5);
 3. no-op `rollout.yml` (its default batches `[1, "25%", "100%"]`, with `rollout_max_unavailable: 100%`: the
    default budget of 50% refuses a last batch of 5 of 8 workers) on one server host, then on every one;
 4. a real rollout of a flag change (`chunked-prefill-size`) in batches of 1, 2 and the rest: per batch the

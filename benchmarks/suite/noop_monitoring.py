@@ -1,6 +1,6 @@
 """No-op `deploy.yml` with the monitor included, on a lab that has one (a gateway host in fleet_monitors): the run
 limited to one server and the monitor host(s), repeated; prints and saves the best wall time and what changed (must be
-nothing). Issue 33's bound: under 10 s on one host with the monitor included.
+nothing). The bound: under 10 s on one host with the monitor included.
 
     python benchmarks/suite/noop_monitoring.py --inventory INVENTORY --server HOST [--repeats 3]
         [--output benchmarks/results/noop_monitoring.json]

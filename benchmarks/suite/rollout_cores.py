@@ -5,7 +5,7 @@ interleaved, on a lab kept by fleet_rollout.py.
     python benchmarks/suite/rollout_cores.py [--rounds 3] [--output benchmarks/results/rollout_cores.json]
 
 On this machine the controller, every lab host and every simulated engine share two cores; on a real fleet each
-VM has its own. Issue 15's goal is a per-batch overhead that stays flat as hosts are added to a batch, and what a
+VM has its own. The goal is a per-batch overhead that stays flat as hosts are added to a batch, and what a
 host adds to a batch here is about 3.5-4.5 CPU seconds (fleet_rollout.py's `cpu_per_added_host_s`). Whether that
 CPU, on shared cores, is what makes the overhead grow is a question this script answers by measurement: each round
 runs one rollout of a flag change (chunked-prefill-size, back and forth) in batches of 1 and N-1 with every process

@@ -1,4 +1,4 @@
-"""Issue 12, rows 1, 2, 4, 5, 7, 8 on a lab host with a healthy server: bad input is refused before anything
+"""On a lab host with a healthy server, bad input is refused before anything
 changes, naming the variable; a removed API key leaves no copy on the host.
 
 One lab host, prepared like the sglang_server scenarios (roles/sglang_server/molecule/shared/prepare.yml:

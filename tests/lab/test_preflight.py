@@ -71,7 +71,7 @@ def test_multi_node_tp_not_divisible_by_nnodes_is_refused(inventory, tmp_path):
 
 
 def test_two_node_layout_written_in_the_flags_is_refused_by_the_multinode_rule(inventory, tmp_path):
-    # issue 12 row 6: `-e '{"sglang_server_args_host":{"tp-size":16,"nnodes":2}}'` was refused "over 1 node(s)"
+    # `-e '{"sglang_server_args_host":{"tp-size":16,"nnodes":2}}'` was refused "over 1 node(s)"
     # by gpu_facts. The node count has one source, the inventory's multi-node group: gpu_facts derives for the one
     # node the inventory has, the launch spec (tp 16 over the flags' 2 nodes) passes, and what refuses it is the
     # multi-node rule: nnodes comes from sglang_server_multinode_group, never written by hand.

@@ -1,4 +1,4 @@
-"""One guard for the NCCL variables, whichever variable they come through (issue 12 row 2).
+"""One guard for the NCCL variables, whichever variable they come through.
 
 playbooks/preflight.yml (the first stage of deploy.yml) on the simulated 8x RTX PRO 6000 VM (P2P "NS"):
 NCCL_SHM_DISABLE=1 would leave NCCL only sockets. Through gpu_facts_nccl_env_overrides, the documented

@@ -130,7 +130,7 @@ def test_nnodes_of_the_multinode_layer_reaches_every_reader(tmp_path):
 
 
 def test_nnodes_written_by_hand_is_refused_by_the_multinode_rule(tmp_path):
-    # issue 12 row 6: `-e '{"sglang_server_args_host":{"tp-size":16,"nnodes":2}}'` was refused "over 1 node(s)"
+    # `-e '{"sglang_server_args_host":{"tp-size":16,"nnodes":2}}'` was refused "over 1 node(s)"
     # by gpu_facts (nnodes read from elsewhere). The node count has one source, the inventory's multi-node group:
     # gpu_facts derives for the one node the inventory has (gpu_facts_nnodes, playbooks/vars/fleet.yml), its
     # preflight passes, and the refusal is the multi-node rule's, naming the variable to set instead.

@@ -1,6 +1,6 @@
 """Every role finds the project's controller folders (reports/, locks/, .cache/) one way: from its own
 role_path (roles/<role> -> the project root), never from playbook_dir, which names a different folder for
-deploy.yml at the root, a playbook under playbooks/ and a Molecule scenario (issue 11)."""
+deploy.yml at the root, a playbook under playbooks/ and a Molecule scenario."""
 
 from __future__ import annotations
 

@@ -120,7 +120,7 @@ def test_report_of_the_first_deploy(host):
 
 
 def test_report_nccl_env_is_read_back_from_the_running_engine(host):
-    # issue 12: the report shows the environment the engine really got, not a recomputation
+    # the report shows the environment the engine really got, not a recomputation
     r = report(HOST)
     pid = props(host)["MainPID"]
     environ = host.check_output(f"tr '\\0' '\\n' < /proc/{pid}/environ").splitlines()
@@ -153,7 +153,7 @@ def test_secret_is_not_in_ansible_output(second_run):
             {"sglang_server_args_host": {"nsa-decode-backen": "trtllm"}},
             ["--nsa-decode-backen is not an option of sglang_sim.launch_server", "did you mean --nsa-decode-backend"],
         ),
-        # issue 12 row 2: NCCL variables have one path (gpu_facts_nccl_env_overrides) and one guard
+        # NCCL variables have one path (gpu_facts_nccl_env_overrides) and one guard
         (
             {"sglang_server_environment": {"NCCL_SHM_DISABLE": "1"}},
             [

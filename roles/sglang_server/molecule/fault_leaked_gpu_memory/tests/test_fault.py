@@ -1,4 +1,4 @@
-"""GPU memory leaked by the old process (issue 12 row 3): a last-known-good that never stopped is marked so;
+"""GPU memory leaked by the old process: a last-known-good that never stopped is marked so;
 its leak on the stop is detected and named, nothing is started into the held memory (no rollback into it),
 it is never a rollback target again, and the opt-in GPU reset frees the memory so that the new version serves."""
 
@@ -95,7 +95,7 @@ def test_the_leaker_is_not_restored_on_demand(host, held_deploy):
     assert props(host) == before and health(host) == "200"
 
 
-# The reboot remedy (issue 12): a leaking version serves again and is last-known-good, never stopped; the next
+# The reboot remedy: a leaking version serves again and is last-known-good, never stopped; the next
 # deploy stops it, the memory stays held, and with sglang_server_held_memory_reboot=true (no GPU reset) the
 # role reboots the VM (ansible.builtin.reboot; the lab host's supervisor boots it again, a new boot ID and an
 # empty /dev/shm, where the simulated GPUs keep their state) and starts the new version into the freed GPUs.

@@ -1,4 +1,4 @@
-"""The rollback's readiness bound comes from the version it restores (issue 12 row 9): the last good version
+"""The rollback's readiness bound comes from the version it restores: the last good version
 needs longer to get ready than the new version's short sglang_server_ready_timeout_s allows. The new version
 fails its readiness wait; the rollback waits as long as the restored version needs (its manifest records
 ready_after_s and the ready_timeout_s it was proven under) and it serves again."""
