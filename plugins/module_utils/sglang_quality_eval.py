@@ -15,8 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_command import run
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import read_env_file
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_http import http
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_http import http, server_api
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_journal import journal_lines
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_smoke import split_message
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_systemd import unit_state
@@ -310,15 +309,10 @@ def run_eval(p: dict, no_log_values=None) -> dict:
     whether NaN detection is on (``/get_server_info``'s ``enable_nan_detection``) and the journal's NaN lines,
     and judge it against ``p['baseline']`` when one is given. The API key (given, or read from the secrets file on
     the host) goes to ``no_log_values``; it is never part of the result."""
-    p = {**{k: v.get("default") for k, v in EVAL_OPTIONS.items()}, **p}
+    p, base, headers = server_api(p, EVAL_OPTIONS, no_log_values)
     problems = check_eval_set(p["eval_set"])
     if problems:
         return {"failed": True, "msg": "evaluation set refused: " + "; ".join(problems), "items": []}
-    base = p["base_url"].rstrip("/")
-    api_key = p["api_key"] or read_env_file(p["secrets_file"]).get("SGLANG_SERVER_API_KEY", "")
-    if api_key and no_log_values is not None:
-        no_log_values.add(api_key)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     started = time.monotonic()
 
     def post(body):

@@ -11,8 +11,7 @@ import re
 import threading
 import time
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import read_env_file
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_http import http
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_http import http, server_api
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_journal import journal_lines
 
 # The module's options and their defaults (plugins/modules/sglang_server_smoke.py documents them).
@@ -185,12 +184,7 @@ def prove(p, no_log_values=None):
     """The checks of one server with the options ``p`` (SMOKE_OPTIONS; missing ones take their defaults): the
     module result, with ``ok``, ``failures`` and ``remarks``. The API key (given, or read from the secrets file on
     the host) is added to ``no_log_values``."""
-    p = {**{k: v.get("default") for k, v in SMOKE_OPTIONS.items()}, **p}
-    base = p["base_url"].rstrip("/")
-    api_key = p["api_key"] or read_env_file(p["secrets_file"]).get("SGLANG_SERVER_API_KEY", "")
-    if api_key and no_log_values is not None:
-        no_log_values.add(api_key)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    p, base, headers = server_api(p, SMOKE_OPTIONS, no_log_values)
     started = time.monotonic()
     failures = []
 
