@@ -8,6 +8,9 @@ module printed (exit_json or fail_json) and whether it failed (tests/support/mod
 ``sleeper()`` starts a Python process that sleeps 120 s (a live PID of this user, killed at the end) and returns
 its Popen.
 
+``bench_python`` is the controller's benchmark client's Python (built by `make bench-client`, part of `make setup`):
+sglang's bench_serving and the fleet report's plotting.
+
 ``rtx`` and ``h200`` are the GPU facts of the two machines the gpu_facts and sglang_server checks are tested
 against: the seed machine's 8x RTX PRO 6000 (sm_120, no P2P) from the lab simulator's profile, and the real
 2x H200 (NVLink) from its capture.
@@ -62,3 +65,12 @@ def sleeper():
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+@pytest.fixture(scope="session")
+def bench_python() -> str:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "bench_client.py"), "build"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, f"tools/bench_client.py build failed:\n{proc.stdout}{proc.stderr}"
+    return proc.stdout.strip().splitlines()[-1]

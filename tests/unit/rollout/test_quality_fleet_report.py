@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -43,21 +40,12 @@ BASELINE_RUN = {
 }
 
 
-@pytest.fixture(scope="module")
-def client_python() -> str:
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "bench_client.py"), "build"], capture_output=True, text=True, check=False
-    )
-    assert proc.returncode == 0, f"tools/bench_client.py build failed:\n{proc.stdout}{proc.stderr}"
-    return proc.stdout.strip().splitlines()[-1]
-
-
-def test_the_fleet_report_shows_each_hosts_quality_gate(tmp_path, client_python):
+def test_the_fleet_report_shows_each_hosts_quality_gate(tmp_path, bench_python):
     (tmp_path / "quality").mkdir()
     for record in (REFUSED, PASSED, BASELINE_RUN):
         (tmp_path / "quality" / f"{record['host']}.json").write_text(json.dumps(record))
     proc = subprocess.run(
-        [client_python, str(REPO / "roles/serving_bench/files/fleet_report.py"), str(tmp_path),
+        [bench_python, str(REPO / "roles/serving_bench/files/fleet_report.py"), str(tmp_path),
          str(REPO / "templates/fleet-report.html.j2"), "--fleet", "lab"],
         capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,16 +10,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 ROLE = REPO / "roles" / "serving_bench"
 FIXTURES = REPO / "tests" / "unit" / "fixtures" / "bench-serving"
-
-
-@pytest.fixture(scope="session")
-def bench_python() -> str:
-    """The controller's benchmark client (built by `make bench-client`, part of `make setup`)."""
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "bench_client.py"), "build"], capture_output=True, text=True, check=False
-    )
-    assert proc.returncode == 0, f"tools/bench_client.py build failed:\n{proc.stdout}{proc.stderr}"
-    return proc.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture
