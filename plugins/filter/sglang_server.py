@@ -79,8 +79,14 @@ def sglang_argv(args, table_path=None) -> list[str]:
                 )
             seen_dest[dest] = opt
         if kind == "deprecated":
+            # sglang's DeprecatedAction only logs a warning and stores nothing (0.5.9 server_args.py:5729-5738,
+            # 0.5.10.post1 server_args.py:6673-6682; 0.5.23's parser has none): the engine starts and ignores the
+            # flag, and one given a value (nargs=0) makes its parser exit. Refused either way: it does nothing.
             version = table_version(table_path)
-            raise SglangArgsError(f"{opt} is deprecated in SGLang {version} and makes it exit: remove it")
+            raise SglangArgsError(
+                f"{opt} is deprecated in SGLang {version}: the engine only logs a warning and ignores it "
+                "(its parser exits if it is given a value): remove it"
+            )
         if value is True:
             if kind not in (None, "flag", "optional"):
                 raise SglangArgsError(f"{opt} takes a value ({kind}), got true: give it a value")

@@ -70,6 +70,29 @@ def test_bad_shapes_are_refused_with_the_option_named(args, words):
         f.sglang_argv(args)
 
 
+@pytest.mark.parametrize(
+    ("version", "option"),
+    [("0.5.9", "hybrid-kvcache-ratio"), ("0.5.10.post1", "enable-piecewise-cuda-graph"),
+     ("0.5.10.post1", "prefill-round-robin-balance")],
+)  # fmt: skip
+def test_a_deprecated_option_is_refused_saying_what_the_engine_does_with_it(version, option):
+    """sglang's DeprecatedAction only warns (0.5.9 server_args.py:5729, 0.5.10.post1 server_args.py:6673): the
+    message says the engine ignores it, not that it exits."""
+    with pytest.raises(f.SglangArgsError) as err:
+        f.sglang_argv({option: True}, version)
+    assert str(err.value) == (
+        f"--{option} is deprecated in SGLang {version}: the engine only logs a warning and ignores it "
+        "(its parser exits if it is given a value): remove it"
+    )
+    assert "exit: remove" not in str(err.value)
+
+
+def test_0_5_23_has_no_deprecated_no_op_option():
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_args_table import load_table
+
+    assert [o for o, e in load_table("0.5.23").items() if e["kind"] == "deprecated"] == []
+
+
 def test_a_null_layer_value_removes_a_lower_layer_flag():
     assert f.sglang_argv({"model": "/m", "model-path": None}) == ["--model", "/m"]
 
