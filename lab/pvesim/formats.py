@@ -127,8 +127,28 @@ def volume_id_or_qm_path(v: str) -> None:  # QS QemuServer.pm:898-925 (pve-volum
     _fail(not re.fullmatch(r"([a-z][a-z0-9\-\_\.]*[a-z0-9]):(.+)", v, re.I), f"unable to parse volume ID '{v}'")
 
 
+def parse_cpuset(v: str) -> list[int]:
+    """pve-common 5054082 src/PVE/CpuSet.pm:48-69 parse_cpuset: comma-separated numbers and ranges; dies on others."""
+    out: set[int] = set()
+    for part in v.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
+        _fail(not m, f"invalid range: {part}")
+        start, end = int(m[1]), int(m[2] or m[1])
+        _fail(end < start, f"invalid range: {part} ({end} < {start})")
+        out.update(range(start, end + 1))
+    return sorted(out)
+
+
+def pve_cpuset(v: str) -> None:  # QS QemuServer.pm:883-896 pve_verify_cpuset (8.4 5ccd363e: :1072-1085)
+    try:
+        parse_cpuset(v)
+    except FormatError:
+        raise FormatError("unable to parse cpuset option\n") from None
+
+
 NAMED = {
     "string": lambda v: None,  # PC:239 (format 'string-list')
+    "pve-cpuset": pve_cpuset,
     "pve-node": pve_node,
     "pve-vmid": pve_vmid,
     "dns-name": dns_name,

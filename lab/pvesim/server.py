@@ -326,7 +326,7 @@ class PveSim(ConfigMixin, StartMixin):
         if problem:
             return self._task(node, "qmstart", vm["vmid"], user, problem.message, problem.log)
         vm["config"], vm["pending"], vm["pending_delete"] = conf, {}, []
-        vm["status"] = "running"
+        vm["status"], vm["pci_chosen"] = "running", vm.pop("_pci_next", [])
         if vm["agent_ip"] is None:
             self.next_ip += 1
             vm["agent_ip"] = f"192.0.2.{self.next_ip}"
@@ -335,6 +335,7 @@ class PveSim(ConfigMixin, StartMixin):
     def _stop(self, node, vmid, user, kind):
         vm = self._vm(node, vmid)
         vm["status"] = "stopped"
+        vm.pop("pci_chosen", None)  # the stop ends the PCI reservation (PCI.pm remove_pci_reservation)
         return self._task(node, kind, vm["vmid"], user)
 
     def ep_post_nodes_node_qemu_vmid_status_stop(self, user, node, vmid, **_):

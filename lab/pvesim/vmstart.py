@@ -7,9 +7,24 @@ Sources (line numbers: qemu-server 41ffc59e 9.1.19 / 5ccd363e 8.4.10, installed 
   model is not enabled" (510 / 501, no newline: Perl adds " at <file> line <n>."), one device in two hostpciN
   "device '<id>' assigned more than once" (556 / 585); a device a *running* VM holds: "PCI device '<id>' already
   in use by VMID '<vmid>'" (reserve_pci_usage, 832 / 853).
+- A mapping is a pool when it has several entries for the node (each entry's `path` one device or `a;b`, devices
+  passed together): parse_hostpci (PCI.pm 431-485 / 422-476) makes one alternative per entry, and
+  choose_hostpci_devices (547-616 / 573-638) takes, per hostpciN in order, the first alternative none of whose
+  devices an earlier hostpciN of the VM took nor a running VM holds (reserve_pci_usage), else dies "could not find
+  a free device for 'hostpciN'" (613 / 635). A single alternative is taken as is (and a running VM holding it
+  fails the start below). What a running VM holds is what its start chose (`pci_chosen`), as PVE's reservation
+  file records it.
 - Then the memory (QemuServer.pm:3430 Memory::config): hugepages without `numa: 1` die "numa needs to be enabled
   to use hugepages" (Memory.pm 388 / 405, no newline), a NUMA node without hostnodes with hugepages "numa
-  hostnodes need to be defined to use hugepages" (430 / 447, no newline).
+  hostnodes need to be defined to use hugepages" (430 / 447, no newline), a host node the host lacks "host NUMA
+  node<N> doesn't exist" (print_numa_hostnodes 513 / 530; the host's nodes are the cluster's per-node `numa`,
+  {node: cpu list}, from sysfs, not in the API; default one node 0 with CPUs 0-63), NUMA memory not summing to
+  the VM's "total memory for NUMA nodes must be equal to vm static memory" (437 / 454); with hugepages, a NUMA
+  node bound to more than one host node "more than 1 hostnode value in numa node is not supported when hugepages
+  are enabled" (hugepages_topology 629 / 646, no newline).
+- `affinity` runs QEMU under `taskset --cpu-list --all-tasks <affinity>` (QemuServer.pm 3188-3189 / 3697): a set
+  with none of the host's CPUs fails (sched_setaffinity EINVAL: util-linux taskset "failed to set pid 0's
+  affinity: Invalid argument"), a set with some of them is cut to those, as the kernel does.
 - prepare_pci_device (PCI.pm 711 / 733): without an IOMMU (the node lists iommugroup -1) "cannot prepare PCI
   pass-through, IOMMU not present".
 - QEMU itself: a passed device whose IOMMU group holds a device still bound to a host driver fails in
@@ -26,10 +41,29 @@ import re
 from pvesim.schema import parse_boolean
 
 PERL_LINES = {  # release -> (file, line) of the dies without a trailing newline
-    "9.1": {"q35": ("PCI.pm", 510), "hugepages": ("Memory.pm", 388), "hostnodes": ("Memory.pm", 430)},
-    "8.4": {"q35": ("PCI.pm", 501), "hugepages": ("Memory.pm", 405), "hostnodes": ("Memory.pm", 447)},
+    "9.1": {
+        "q35": ("PCI.pm", 510),
+        "hugepages": ("Memory.pm", 388),
+        "hostnodes": ("Memory.pm", 430),
+        "one_hostnode": ("Memory.pm", 629),
+    },
+    "8.4": {
+        "q35": ("PCI.pm", 501),
+        "hugepages": ("Memory.pm", 405),
+        "hostnodes": ("Memory.pm", 447),
+        "one_hostnode": ("Memory.pm", 646),
+    },
 }
 VFIO_OK = {"vfio-pci", "pci-stub", None}  # drivers a viable group may have (no driver: fine too)
+DEFAULT_HOST_NUMA = {0: "0-63"}  # a node without `numa` in the cluster: one NUMA node, 64 CPUs
+
+
+def _cpus(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in str(text).split(","):
+        a, _, b = part.strip().partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out
 
 
 class StartError(Exception):
@@ -62,9 +96,26 @@ class StartMixin:
             out += [d for d in self.nodes[node]["pci"] if d["id"] == full or d["id"].startswith(full + ".")]
         return out
 
-    def _hostpci_ids(self, vm: dict, conf: dict) -> dict[str, list[dict]]:
-        """hostpciN -> the node's devices it names (parse_hostpci); raises StartError like vm_start."""
-        node, out = vm["node"], {}
+    def host_numa(self, node: str) -> dict[int, set[int]]:
+        """The host's NUMA nodes and their CPUs (sysfs /sys/devices/system/node/nodeN/cpulist)."""
+        topo = self.nodes[node].get("numa") or DEFAULT_HOST_NUMA
+        return {int(k): _cpus(v) for k, v in topo.items()}
+
+    def _held(self, vm: dict) -> dict[str, int]:
+        """Device id -> vmid of what the other running VMs of the node hold (their start's choice)."""
+        held: dict[str, int] = {}
+        for other in self.vms.values():
+            if other is vm or other["status"] != "running" or other["node"] != vm["node"]:
+                continue
+            chosen = other.get("pci_chosen")
+            if chosen is None:
+                chosen = [d["id"] for devs in self._hostpci_ids(other, other["config"], {}).values() for d in devs]
+            held.update({d: other["vmid"] for d in chosen})
+        return held
+
+    def _hostpci_ids(self, vm: dict, conf: dict, held: dict[str, int]) -> dict[str, list[dict]]:
+        """hostpciN -> the node's devices it gets (parse_hostpci + choose_hostpci_devices); raises StartError."""
+        node, out, used = vm["node"], {}, set()
         q35 = re.match(r"^(?:type=)?(?:q35|pc-q35-)", str(conf.get("machine", ""))) is not None
         for i in range(self.schema.index_max["hostpci"]["count"]):
             key = f"hostpci{i}"
@@ -75,28 +126,73 @@ class StartMixin:
                 raise StartError("Cannot set both 'host' and 'mapping'.")
             if "mapping" in opts:
                 mp = next((m for m in self.mappings if m["id"] == opts["mapping"]), None)
-                paths = [dict(e.split("=", 1) for e in entry.split(",")) for entry in (mp or {}).get("map", [])]
-                host = next((p["path"] for p in paths if p.get("node") == node), None)
-                if host is None:
+                entries = [dict(e.split("=", 1) for e in entry.split(",")) for entry in (mp or {}).get("map", [])]
+                hosts = [e["path"] for e in entries if e.get("node") == node and e.get("path")]
+                if not hosts:
                     raise StartError(f"PCI device mapping not found for '{opts['mapping']}'")
             else:
-                host = opts["host"]
-            devs = []
-            for hid in host.split(";"):
-                found = self._devices(node, hid)
-                if not found:
-                    raise StartError(f"no PCI device found for '{hid}'")
-                devs += found
+                hosts = [opts["host"]]
+            alternatives = []
+            for host in hosts:
+                devs = []
+                for hid in host.split(";"):
+                    found = self._devices(node, hid)
+                    if not found:
+                        raise StartError(f"no PCI device found for '{hid}'")
+                    devs += found
+                alternatives.append(devs)
             if parse_boolean(opts.get("pcie", "0")) and not q35:
                 raise StartError(self._perl_die("q35", "q35 machine model is not enabled"))
-            out[key] = devs
-        used: set[str] = set()
-        for devs in out.values():
-            for d in devs:
+            if len(alternatives) == 1:
+                chosen = alternatives[0]
+            else:
+                chosen = next((a for a in alternatives if not any(d["id"] in used or d["id"] in held for d in a)), None)
+                if chosen is None:
+                    raise StartError(f"could not find a free device for '{key}'")
+            for d in chosen:
                 if d["id"] in used:
                     raise StartError(f"device '{d['id']}' assigned more than once")
                 used.add(d["id"])
+            out[key] = chosen
         return out
+
+    def _numa_checks(self, vm: dict, conf: dict) -> None:
+        """Memory::config's NUMA checks (Memory.pm 386-460 / 403-477) and hugepages_topology's (629 / 646)."""
+        if not parse_boolean(str(conf.get("numa", "0"))):
+            return
+        host = self.host_numa(vm["node"])
+        total = 0
+        for i in range(self.schema.index_max["numa"]["count"]):
+            if not conf.get(f"numa{i}"):
+                continue
+            numa = _props(conf[f"numa{i}"])
+            if not numa.get("memory"):
+                raise StartError(f"missing NUMA node{i} memory value")
+            total += int(float(numa["memory"]))
+            nodes = sorted(_cpus(numa["hostnodes"].replace(";", ","))) if numa.get("hostnodes") else []
+            for n in nodes:
+                if n not in host:
+                    raise StartError(f"host NUMA node{n} doesn't exist")
+            if nodes and not numa.get("policy"):
+                raise StartError(f"you need to define a policy for hostnode {numa['hostnodes']}")
+            # hugepages_topology: print_numa_hostnodes' string must match /^(\d)$/ (one host node, one digit)
+            if conf.get("hugepages") and not re.fullmatch(r"\d", ",".join(numa.get("hostnodes", "").split(";"))):
+                msg = "more than 1 hostnode value in numa node is not supported when hugepages are enabled"
+                raise StartError(self._perl_die("one_hostnode", msg))
+        memory = int(str(conf.get("memory", "512")).split(",")[0].replace("current=", ""))
+        if total and total != memory:
+            raise StartError("total memory for NUMA nodes must be equal to vm static memory")
+
+    def _affinity_check(self, vm: dict, conf: dict) -> None:
+        if not conf.get("affinity"):
+            return
+        cpus = _cpus(conf["affinity"])
+        if not cpus & set().union(*self.host_numa(vm["node"]).values()):
+            raise StartError(
+                f"start failed: command '/usr/bin/taskset --cpu-list --all-tasks {conf['affinity']} /usr/bin/kvm "
+                f"-id {vm['vmid']} ...' failed: exit code 1",
+                ["taskset: failed to set pid 0's affinity: Invalid argument"],
+            )
 
     def start_problem(self, vm: dict, conf: dict) -> StartError | None:
         try:
@@ -107,20 +203,18 @@ class StartMixin:
 
     def _start_checks(self, vm: dict, conf: dict) -> None:
         fault = self.faults.get("start_fails", {}).get(str(vm["vmid"]))
-        devices = self._hostpci_ids(vm, conf)
+        held = self._held(vm)
+        devices = self._hostpci_ids(vm, conf, held)
         mine = {d["id"] for devs in devices.values() for d in devs}
-        for other in self.vms.values():
-            if other is vm or other["status"] != "running" or other["node"] != vm["node"]:
-                continue
-            theirs = {d["id"] for devs in self._hostpci_ids(other, other["config"]).values() for d in devs}
-            for dev in sorted(mine & theirs):
-                raise StartError(f"PCI device '{dev}' already in use by VMID '{other['vmid']}'")
+        for dev in sorted(mine & set(held)):
+            raise StartError(f"PCI device '{dev}' already in use by VMID '{held[dev]}'")
         if conf.get("hugepages") and not parse_boolean(str(conf.get("numa", "0"))):
             raise StartError(self._perl_die("hugepages", "numa needs to be enabled to use hugepages"))
         if conf.get("hugepages"):
             for i in range(self.schema.index_max["numa"]["count"]):
                 if conf.get(f"numa{i}") and "hostnodes" not in _props(conf[f"numa{i}"]):
                     raise StartError(self._perl_die("hostnodes", "numa hostnodes need to be defined to use hugepages"))
+        self._numa_checks(vm, conf)
         if any(d["iommugroup"] == -1 for d in self.nodes[vm["node"]]["pci"]) and mine:
             raise StartError("cannot prepare PCI pass-through, IOMMU not present")
         drivers = self.nodes[vm["node"]].get("drivers", {})
@@ -140,5 +234,7 @@ class StartMixin:
                             "Please ensure all devices within the iommu_group are bound to their vfio bus driver.",
                         ],
                     )
+        self._affinity_check(vm, conf)
+        vm["_pci_next"] = sorted(mine)
         if fault:  # fault mode start_fails: the start task fails although the configuration is fine
             raise StartError(fault)

@@ -7,11 +7,13 @@ unit-tested in tests/unit/proxmox/test_filters.py.
 
 from __future__ import annotations
 
+import math
 import re
 from urllib.parse import quote
 
 BUS_RE = re.compile(r"^(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?$")
 HOSTPCI_RE = re.compile(r"^hostpci\d+$")
+NUMA_RE = re.compile(r"^numa\d+$")
 HUGEPAGE_MIB = {"2": 2, "1024": 1024}
 OWNED_KEYS = (
     "name",
@@ -25,6 +27,8 @@ OWNED_KEYS = (
     "hugepages",
     "numa",
     "numa0",
+    "affinity",
+    "keephugepages",
     "args",
     "agent",
     "ciuser",
@@ -43,6 +47,184 @@ def _gpu_key(gpu: dict, node: str) -> str:
     if gpu.get("mapping"):
         return f"mapping {gpu['mapping']}"
     return f"{node} {_full_bus(str(gpu.get('bus', '')))}"
+
+
+# GPU memory per card in GB (10^9 bytes) by the class names of proxmox_gpu_vm_gpu_class, from NVIDIA's datasheets:
+# A100 40/80 GB, H100 SXM 80 GB, H100 NVL 94 GB, H200 141 GB, B200 192 GB HBM3e (180 GB usable in DGX B200),
+# B300 288 GB, L40S/L40 48 GB, L4 24 GB, RTX PRO 6000 Blackwell 96 GB, RTX 6000 Ada 48 GB. The 64-bit BAR that maps
+# the memory (BAR1 on NVIDIA data-center cards, which expose all of it) has a power-of-two size (PCI Express Base
+# Specification, 7.5.1.2.1: a BAR's size is 2^n), so a card needs its memory in GiB rounded up to a power of two:
+# 80 GB -> 128 GiB, 96 GB -> 128 GiB, 141 GB -> 256 GiB, 192 GB -> 256 GiB, 288 GB -> 512 GiB.
+GPU_MEMORY_GB = {
+    "a100-40gb": 40,
+    "a100": 80,
+    "a100-80gb": 80,
+    "h100": 80,
+    "h100-nvl": 94,
+    "h200": 141,
+    "h200-nvl": 141,
+    "b200": 192,
+    "b300": 288,
+    "l40s": 48,
+    "l40": 48,
+    "l4": 24,
+    "rtx-pro-6000": 96,
+    "rtx-6000-ada": 48,
+}
+# OVMF reads opt/ovmf/X-PciMmio64Mb up to 16 TiB (edk2 OvmfPkg/Library/PlatformInitLib/MemDetect.c, "Accept an
+# aperture size up to 16TB": FwCfgPciMmio64Mb <= 0x1000000).
+MMIO64_MAX_MB = 0x1000000
+MAX_NUMA = 8  # qemu-server QemuServer/Memory.pm $MAX_NUMA (numa0-7)
+GPU_KEYS = {"bus", "mapping", "pcie", "numa_node", "rombar", "x_vga", "romfile"}
+ROMFILE_RE = re.compile(r"^[^,;/]+$")  # PCI.pm $hostpci_fmt romfile pattern [^,;]+, a file in /usr/share/kvm/
+
+
+def bar_gib(gpu_class) -> int | None:
+    """The 64-bit BAR (GiB) of one GPU of the class: its memory rounded up to a power of two; None if unknown."""
+    gb = GPU_MEMORY_GB.get(str(gpu_class or "").lower())
+    return None if gb is None else 2 ** math.ceil(math.log2(gb * 10**9 / 2**30))
+
+
+def mmio64_mb(gpu_count, bar) -> int | None:
+    """OVMF's 64-bit MMIO window (MiB) for `gpu_count` GPUs of `bar` GiB: twice their sum (room for the other
+    devices and the alignment of each BAR to its size), rounded up to a power of two; 0 without GPUs; None when
+    the BAR size is unknown."""
+    n = int(gpu_count or 0)
+    if n == 0:
+        return 0
+    if bar in (None, ""):
+        return None
+    need = n * int(bar) * 1024 * 2
+    return 2 ** math.ceil(math.log2(need)) if need > 0 else 0
+
+
+def parse_cpuset(text) -> list[int] | None:
+    """pve-common src/PVE/CpuSet.pm parse_cpuset: comma-separated numbers and ranges a-b; None if invalid."""
+    out: set[int] = set()
+    for part in str(text if text is not None else "").split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
+        if not m or int(m[2] or m[1]) < int(m[1]):
+            return None
+        out.update(range(int(m[1]), int(m[2] or m[1]) + 1))
+    return sorted(out)
+
+
+def cpuset_string(cpus) -> str:
+    """pve-common CpuSet.pm short_string: 0-3,8,10-11."""
+    parts, cpus = [], sorted(set(cpus))
+    i = 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        parts.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def gpu_host_nodes(s: dict) -> list[int]:
+    """The host NUMA nodes of the VM's GPUs (a GPU's numa_node, else proxmox_gpu_vm_numa_node), sorted; the VM's
+    node alone without GPUs; [] without any NUMA binding."""
+    default = s.get("numa_node")
+    nodes = set()
+    for gpu in s.get("gpus") or []:
+        n = gpu.get("numa_node", default) if isinstance(gpu, dict) else default
+        if n not in (None, ""):
+            nodes.add(int(n))
+    if not nodes and default not in (None, ""):
+        nodes.add(int(default))
+    return sorted(nodes)
+
+
+def _host_numa_cpus(s: dict) -> dict[int, str]:
+    return {int(k): str(v) for k, v in (s.get("host_numa_cpus") or {}).items()}
+
+
+def numa_problems(s: dict) -> list[str]:
+    """The guest NUMA layout and the CPU affinity of one spec, checked (see desired_config)."""
+    vm, problems = s["name"], []
+    for i, gpu in enumerate(s.get("gpus") or []):
+        bad = isinstance(gpu, dict) and gpu.get("numa_node") not in (None, "")
+        if bad and not re.fullmatch(r"\d+", str(gpu["numa_node"])):
+            problems.append(
+                f"{vm}: proxmox_gpu_vm_gpus[{i}].numa_node {gpu['numa_node']!r} is not a host NUMA node number "
+                "(0, 1, ...: cat /sys/bus/pci/devices/<bus id>/numa_node on the Proxmox node)"
+            )
+    if problems:
+        return problems
+    nodes = gpu_host_nodes(s)
+    k, vcpus, memory = len(nodes), int(s["cores"]) * int(s["sockets"]), int(s["memory"])
+    if k > MAX_NUMA:
+        problems.append(f"{vm}: the GPUs sit on {k} host NUMA nodes; Proxmox VE has numa0-{MAX_NUMA - 1}")
+    elif k > 1:
+        where = f"{vm}: proxmox_gpu_vm_gpus sit on host NUMA nodes {', '.join(map(str, nodes))}"
+        if int(s["sockets"]) % k:
+            problems.append(
+                f"{where}: the VM gets one guest NUMA node per host node, each with whole sockets, but "
+                f"proxmox_gpu_vm_sockets is {s['sockets']}; set proxmox_gpu_vm_sockets to {k} (or a multiple) "
+                f"and proxmox_gpu_vm_cores to the cores per socket"
+            )
+        page = HUGEPAGE_MIB.get(str(s.get("hugepages") or ""), 1)
+        if memory % (k * page):
+            problems.append(
+                f"{where}: proxmox_gpu_vm_memory_mib {memory} must split into {k} equal guest NUMA nodes of whole "
+                f"{page} MiB pages (a multiple of {k * page}); change proxmox_gpu_vm_memory_mib"
+            )
+    cpus_by_node = s.get("host_numa_cpus") or {}
+    if not s.get("cpu_affinity") or not nodes or not cpus_by_node:
+        return problems
+    try:
+        cpus_by_node = _host_numa_cpus(s)
+    except (TypeError, ValueError):
+        return problems + [
+            f"{vm}: proxmox_gpu_vm_host_numa_cpus must map host NUMA node numbers to CPU lists, e.g. "
+            "{0: '0-31,64-95', 1: '32-63,96-127'}"
+        ]
+    host_cpus: set[int] = set()
+    for n in nodes:
+        if n not in cpus_by_node:
+            problems.append(
+                f"{vm}: proxmox_gpu_vm_host_numa_cpus has no CPU list for host NUMA node {n} (the GPUs' node), "
+                f"so the VM's CPU affinity cannot be set; add {n}: <cat /sys/devices/system/node/node{n}/cpulist "
+                "on the Proxmox node>, or set proxmox_gpu_vm_cpu_affinity: false"
+            )
+            continue
+        cpus = parse_cpuset(cpus_by_node[n])
+        if cpus is None:
+            problems.append(
+                f"{vm}: proxmox_gpu_vm_host_numa_cpus[{n}] {cpus_by_node[n]!r} is not a CPU list like 0-31,64-95 "
+                f"(cat /sys/devices/system/node/node{n}/cpulist on the Proxmox node)"
+            )
+            continue
+        host_cpus.update(cpus)
+    if host_cpus and vcpus > len(host_cpus):
+        problems.append(
+            f"{vm}: {vcpus} vCPUs (proxmox_gpu_vm_cores x proxmox_gpu_vm_sockets) would share the {len(host_cpus)} "
+            f"host CPUs of NUMA node(s) {', '.join(map(str, nodes))} they are pinned to; lower proxmox_gpu_vm_cores "
+            "or set proxmox_gpu_vm_cpu_affinity: false"
+        )
+    return problems
+
+
+def numa_config(s: dict) -> dict:
+    """numa, numaN (one guest NUMA node per host node of the GPUs, whole sockets each, memory split evenly, bound
+    with policy=bind) and affinity (the host CPUs of those nodes) as Proxmox VE stores them."""
+    nodes = gpu_host_nodes(s)
+    if not nodes:
+        return {}
+    k, vcpus, memory = len(nodes), int(s["cores"]) * int(s["sockets"]), int(s["memory"])
+    conf: dict = {"numa": 1}
+    for i, n in enumerate(nodes):
+        first, count = i * (vcpus // k), vcpus // k
+        cpus = str(first) if count == 1 else f"{first}-{first + count - 1}"
+        conf[f"numa{i}"] = f"cpus={cpus},hostnodes={n},memory={memory // k},policy=bind"
+    by_node = s.get("host_numa_cpus") or {}
+    if s.get("cpu_affinity") and by_node:
+        by_node = _host_numa_cpus(s)
+        cpus = [c for n in nodes for c in parse_cpuset(by_node.get(n, "")) or []]
+        if cpus:
+            conf["affinity"] = cpuset_string(cpus)
+    return conf
 
 
 def static_problems(specs: list[dict]) -> list[str]:
@@ -72,6 +254,19 @@ def static_problems(specs: list[dict]) -> list[str]:
             if gpu.get("bus") and not BUS_RE.match(str(gpu["bus"])):
                 problems.append(f"{where}.bus {gpu['bus']!r} is not a PCI bus id like 0000:81:00.0")
                 continue
+            unknown = sorted(set(gpu) - GPU_KEYS)
+            if unknown:
+                problems.append(
+                    f"{where} has unknown key(s) {', '.join(unknown)}; a GPU takes {', '.join(sorted(GPU_KEYS))}"
+                )
+            for key in ("pcie", "rombar", "x_vga"):
+                if key in gpu and not isinstance(gpu[key], bool):
+                    problems.append(f"{where}.{key} must be true or false, got {gpu[key]!r}")
+            if "romfile" in gpu and not ROMFILE_RE.match(str(gpu["romfile"] or "")):
+                problems.append(
+                    f"{where}.romfile {gpu['romfile']!r} must be a file name in /usr/share/kvm/ of the Proxmox "
+                    "node (no path, no ',' or ';'), e.g. gpu-vbios.rom"
+                )
             if gpu.get("pcie", True) and not q35:
                 problems.append(
                     f"{where}: pcie=1 needs machine q35 but proxmox_gpu_vm_machine is "
@@ -109,15 +304,31 @@ def static_problems(specs: list[dict]) -> list[str]:
             )
         if s.get("clique") and not s.get("gpus"):
             problems.append(f"{vm}: proxmox_gpu_vm_gpudirect_clique is on but proxmox_gpu_vm_gpus is empty")
+        if s.get("gpus") and s.get("mmio64_mb") in (None, ""):
+            problems.append(
+                f"{vm}: the GPUs' BAR size is unknown: proxmox_gpu_vm_gpu_class {s.get('gpu_class')!r} is not in the "
+                f"role's table ({', '.join(sorted(GPU_MEMORY_GB))}); set proxmox_gpu_vm_gpu_bar_gib (the GPU memory "
+                "in GiB rounded up to a power of two, e.g. 256 for 141 GB) or proxmox_gpu_vm_mmio64_mb"
+            )
+        elif int(s.get("mmio64_mb") or 0) > MMIO64_MAX_MB:
+            problems.append(
+                f"{vm}: proxmox_gpu_vm_mmio64_mb {s['mmio64_mb']} is above the {MMIO64_MAX_MB} MiB (16 TiB) OVMF "
+                "accepts; lower proxmox_gpu_vm_mmio64_mb or proxmox_gpu_vm_gpu_bar_gib"
+            )
+        if all(isinstance(g, dict) for g in s.get("gpus") or []):
+            problems += numa_problems(s)
     return problems
 
 
-def _mapping_paths(mapping: dict) -> dict[str, str]:
-    out = {}
+def _mapping_paths(mapping: dict) -> dict[str, list[list[str]]]:
+    """node -> the mapping's alternatives there, each the devices of one map entry (`path=a;b`: passed together).
+    Several entries for one node make a pool: Proxmox VE takes the first free one at the start (qemu-server
+    QemuServer/PCI.pm parse_hostpci, choose_hostpci_devices)."""
+    out: dict[str, list[list[str]]] = {}
     for entry in mapping.get("map", []):
         fields = dict(kv.split("=", 1) for kv in entry.split(",") if "=" in kv)
-        if "node" in fields and "path" in fields:
-            out[fields["node"]] = _full_bus(fields["path"])
+        if "node" in fields and fields.get("path"):
+            out.setdefault(fields["node"], []).append([_full_bus(p) for p in fields["path"].split(";")])
     return out
 
 
@@ -145,11 +356,13 @@ def cluster_problems(specs: list[dict], cluster: dict, owner_tag: str) -> list[s
                     )
                 elif node not in _mapping_paths(mp):
                     problems.append(f"{where}.mapping {gpu['mapping']!r} has no device on node {node}")
-                elif _mapping_paths(mp)[node] not in devices:
-                    problems.append(
-                        f"{where}.mapping {gpu['mapping']!r} points to {_mapping_paths(mp)[node]}, "
-                        f"which is not in the PCI list of node {node}"
-                    )
+                else:
+                    for path in (p for alt in _mapping_paths(mp)[node] for p in alt):
+                        if path not in devices:
+                            problems.append(
+                                f"{where}.mapping {gpu['mapping']!r} points to {path}, "
+                                f"which is not in the PCI list of node {node}"
+                            )
             else:
                 bus = _full_bus(str(gpu["bus"]))
                 if bus not in devices and not any(d.startswith(bus + ".") for d in devices):
@@ -160,17 +373,15 @@ def cluster_problems(specs: list[dict], cluster: dict, owner_tag: str) -> list[s
             if other.get("node") != node:
                 continue
             for gpu in other.get("gpus", []):
-                path = (
-                    _mapping_paths(mappings.get(gpu.get("mapping"), {})).get(node)
-                    if gpu.get("mapping")
-                    else _full_bus(str(gpu.get("bus", "")))
-                )
-                if path and path in taken and taken[path] != other["name"] and other["name"] == vm:
-                    problems.append(
-                        f"{vm}: proxmox_gpu_vm_gpus names device {path} on {node}, which "
-                        f"{taken[path]} also gets (bus id or mapping); a GPU goes to one VM only"
-                    )
-                if path:
+                alts = _mapping_paths(mappings.get(gpu.get("mapping"), {})).get(node) if gpu.get("mapping") else None
+                if alts is not None and len(alts) != 1:
+                    continue  # a pool: Proxmox VE picks a free device (proxmox_gpu_vm_pve_cluster_problems)
+                for path in alts[0] if alts else [_full_bus(str(gpu.get("bus", "")))] if gpu.get("bus") else []:
+                    if path in taken and taken[path] != other["name"] and other["name"] == vm:
+                        problems.append(
+                            f"{vm}: proxmox_gpu_vm_gpus names device {path} on {node}, which "
+                            f"{taken[path]} also gets (bus id or mapping); a GPU goes to one VM only"
+                        )
                     taken.setdefault(path, other["name"])
         existing = next((r for r in cluster.get("vms", []) if int(r["vmid"]) == int(s["vmid"])), None)
         if existing is not None:
@@ -201,11 +412,14 @@ def cluster_problems(specs: list[dict], cluster: dict, owner_tag: str) -> list[s
 
 def _hostpci(gpu: dict) -> str:
     value = f"mapping={gpu['mapping']}" if gpu.get("mapping") else _full_bus(str(gpu["bus"]))
-    return value + (",pcie=1" if gpu.get("pcie", True) else "")
-
-
-def _cpus(n: int) -> str:
-    return "0" if n == 1 else f"0-{n - 1}"
+    value += ",pcie=1" if gpu.get("pcie", True) else ""
+    if "rombar" in gpu:
+        value += f",rombar={int(bool(gpu['rombar']))}"
+    if gpu.get("romfile"):
+        value += f",romfile={gpu['romfile']}"
+    if gpu.get("x_vga"):
+        value += ",x-vga=1"
+    return value
 
 
 def desired_config(s: dict) -> dict:
@@ -228,12 +442,9 @@ def desired_config(s: dict) -> dict:
         conf["sshkeys"] = quote(s["sshkeys"], safe="")
     if s.get("hugepages"):
         conf["hugepages"] = str(s["hugepages"])
-    if s.get("numa_node") not in (None, ""):
-        conf["numa"] = 1
-        conf["numa0"] = (
-            f"cpus={_cpus(int(s['cores']) * int(s['sockets']))},hostnodes={int(s['numa_node'])},"
-            f"memory={int(s['memory'])},policy=bind"
-        )
+        if s.get("keephugepages"):
+            conf["keephugepages"] = 1
+    conf.update(numa_config(s))
     for i, gpu in enumerate(s.get("gpus", [])):
         conf[f"hostpci{i}"] = _hostpci(gpu)
     args = []
@@ -251,7 +462,10 @@ def config_diff(desired: dict, current: dict, efidisk_storage: str) -> dict:
     current = current or {}
     changes = {k: v for k, v in desired.items() if str(current.get(k, "")) != str(v)}
     delete = sorted(k for k in current if HOSTPCI_RE.match(k) and k not in desired)
-    delete += [k for k in ("args", "hugepages", "numa0", "sshkeys") if k in current and k not in desired]
+    delete += [k for k in current if NUMA_RE.match(k) and k not in desired]
+    delete += [
+        k for k in ("affinity", "args", "hugepages", "keephugepages", "sshkeys") if k in current and k not in desired
+    ]
     if "numa" not in desired and str(current.get("numa", "0")) == "1":
         changes["numa"] = 0
     if "efidisk0" not in current:
@@ -277,11 +491,13 @@ def kvm_params(desired: dict, diff: dict, efidisk_storage: str) -> dict:
         "hostpci": {k: v for k, v in desired.items() if HOSTPCI_RE.match(k)} or None,
         "hugepages": desired.get("hugepages"),
         "numa_enabled": bool(desired.get("numa")) if "numa" in desired or "numa" in diff["set"] else None,
-        "numa": {"numa0": desired["numa0"]} if "numa0" in desired else None,
+        "numa": {k: v for k, v in desired.items() if NUMA_RE.match(k)} or None,
         "args": desired.get("args"),
         "sshkeys": None,
         "efidisk0": None,
         "update_unsafe": False,
+        # options proxmox_kvm has no parameter for, written by proxmox_gpu_vm_config
+        "extra": {k: desired[k] for k in ("affinity", "keephugepages") if k in desired and k in diff["set"]},
     }
     if "sshkeys" in desired:
         from urllib.parse import unquote
@@ -291,6 +507,20 @@ def kvm_params(desired: dict, diff: dict, efidisk_storage: str) -> dict:
         p["efidisk0"] = {"storage": efidisk_storage, "format": "raw", "efitype": "4m", "pre_enrolled_keys": False}
         p["update_unsafe"] = True
     return p
+
+
+def start_timeout(desired: dict, margin: int = 60) -> int:
+    """Seconds a start of this configuration may take: qemu-server's config_aware_timeout (QemuServer/Helpers.pm,
+    9.1.19 41ffc59e :264-300, 8.4.10 5ccd363e :201-237) plus `margin`: 30 s, or the memory in GiB above 30 GiB,
+    times 4 with any hostpciN, at least 150 s with hugepages, plus 5 s per NIC (netN of the template)."""
+    memory = int(str(desired.get("memory", 0)).split(",")[0].replace("current=", "") or 0)
+    timeout = int(memory / 1024) if memory > 30720 else 30
+    if any(HOSTPCI_RE.match(k) for k in desired):
+        timeout *= 4
+    if desired.get("hugepages") and timeout < 150:
+        timeout = 150
+    timeout += 5 * sum(1 for k in desired if re.match(r"^net\d+", k))
+    return timeout + int(margin)
 
 
 def pending_keys(pending: list[dict]) -> list[str]:
@@ -352,4 +582,7 @@ class FilterModule:
             "proxmox_gpu_vm_kvm_params": kvm_params,
             "proxmox_gpu_vm_pending_keys": pending_keys,
             "proxmox_gpu_vm_clique_verdict": clique_verdict,
+            "proxmox_gpu_vm_bar_gib": bar_gib,
+            "proxmox_gpu_vm_mmio64_mb": mmio64_mb,
+            "proxmox_gpu_vm_start_timeout": start_timeout,
         }

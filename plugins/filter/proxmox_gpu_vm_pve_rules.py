@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpufleet.fleet.plugins.filter.proxmox_gpu_vm import desired_config
+from ansible_collections.gpufleet.fleet.plugins.filter.proxmox_gpu_vm import desired_config, numa_config
 
 ROOT_AUTH = "root@pam password"
 DNS_NAME_RE = re.compile(r"^(([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?)\.)*([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?)$")
@@ -39,13 +39,28 @@ def _root_only(s: dict) -> list[str]:
             )
     if int(s.get("mmio64_mb") or 0) > 0:
         out.append(
-            "proxmox_gpu_vm_mmio64_mb (QEMU args, \"only root can set 'args' config\"; 0 leaves OVMF's default "
-            "window, too small for large-BAR GPUs)"
+            "proxmox_gpu_vm_mmio64_mb (QEMU args, \"only root can set 'args' config\"; 0 writes no args and "
+            "leaves the window to OVMF, which sizes it from the guest's address width with proxmox_gpu_vm_cpu: host "
+            "on Proxmox VE 7.4 and later, see docs/proxmox.md)"
         )
     if s.get("clique"):
         out.append("proxmox_gpu_vm_gpudirect_clique (QEMU args; set false)")
     if s.get("hugepages"):
         out.append(f"proxmox_gpu_vm_hugepages {s['hugepages']!r} (\"only root can set 'hugepages' config\"; set '')")
+        if s.get("keephugepages"):
+            out.append(
+                "proxmox_gpu_vm_keephugepages (\"only root can set 'keephugepages' config\"; set false, or "
+                "proxmox_gpu_vm_hugepages: '')"
+            )
+    try:
+        affinity = numa_config(s).get("affinity")
+    except (TypeError, ValueError):
+        affinity = None
+    if affinity:
+        out.append(
+            f'proxmox_gpu_vm_cpu_affinity (affinity {affinity} from proxmox_gpu_vm_host_numa_cpus: "only root can '
+            "set 'affinity' config\"; set proxmox_gpu_vm_cpu_affinity: false)"
+        )
     return out
 
 
@@ -83,12 +98,14 @@ def pve_static_problems(specs: list[dict]) -> list[str]:
     return problems
 
 
-def _mapping_path(mappings: dict, name: str, node: str) -> str | None:
+def _mapping_alternatives(mappings: dict, name: str, node: str) -> list[list[str]]:
+    """The mapping's entries on the node, each a list of device paths (`path=a;b`); several entries: a pool."""
+    out = []
     for entry in (mappings.get(name) or {}).get("map", []):
         fields = dict(kv.split("=", 1) for kv in entry.split(",") if "=" in kv)
         if fields.get("node") == node and fields.get("path"):
-            return _full_bus(fields["path"].split(";")[0])
-    return None
+            out.append([_full_bus(p) for p in fields["path"].split(";")])
+    return out
 
 
 def _devices(path: str | None, pci: list[dict]) -> list[dict]:
@@ -104,7 +121,8 @@ def _hostpci_devices(value: str, node: str, mappings: dict, pci: list[dict]) -> 
         k, _, v = part.partition("=")
         opts.update({k: v} if v else {"host": k})
     if opts.get("mapping"):
-        return _devices(_mapping_path(mappings, opts["mapping"], node), pci)
+        alts = _mapping_alternatives(mappings, opts["mapping"], node)
+        return [d for p in alts[0] for d in _devices(p, pci)] if len(alts) == 1 else []  # a pool: counted apart
     return [d for host in opts.get("host", "").split(";") if host for d in _devices(_full_bus(host), pci)]
 
 
@@ -171,12 +189,73 @@ def _clone_problems(s: dict, cluster: dict) -> list[str]:
 def _root_only_changes(s: dict, current: dict) -> list[str]:
     """Root-only keys an existing VM has that the role would change or remove (PVE checks the old value too)."""
     desired = desired_config(s)
-    keys = [k for k in ("args", "hugepages") if k in current and str(current[k]) != str(desired.get(k, ""))]
+    keys = [
+        k
+        for k in ("affinity", "args", "hugepages", "keephugepages")
+        if k in current and str(current[k]) != str(desired.get(k, ""))
+    ]
     for k, v in current.items():
         raw = HOSTPCI_RE.match(k) and not str(v).startswith("mapping=") and "mapping=" not in str(v)
         if raw and str(v) != str(desired.get(k, "")):
             keys.append(f"{k} ({v})")
     return keys
+
+
+def _pool_problems(s: dict, specs: list[dict], cluster: dict, mappings: dict, pci: list[dict]) -> list[str]:
+    """A pool mapping (several entries for the node) must have a free entry for each of its hostpciN, picked as
+    qemu-server's choose_hostpci_devices picks (QemuServer/PCI.pm, 9.1.19 :547-616, 8.4.10 :573-638): per hostpciN in
+    order, the first entry none of whose devices the VM already got nor another VM holds, else the start dies
+    "could not find a free device for 'hostpciN'". Held here: the devices of every other VM of the play on the node
+    (earlier in the play: their own picks), the single devices other VMs of the node have in their configuration,
+    and one entry for each running VM outside the play that has the pool (which one it holds the API does not say)."""
+    vm, node = s["name"], s["node"]
+    play = [o for o in specs if o.get("node") == node]
+    play_vmids = {str(o.get("vmid")) for o in specs}
+    status = {str(r["vmid"]): r.get("status") for r in cluster.get("vms", [])}
+    held: dict[str, str] = {}
+    busy: dict[str, int] = {}  # pool -> running VMs outside the play that have it
+    for vmid, entries in sorted((cluster.get("hostpci") or {}).items()):
+        if vmid in play_vmids:
+            continue
+        for value in entries.values():
+            for d in _hostpci_devices(value, node, mappings, pci):
+                held.setdefault(d["id"], f"VM {vmid}")
+            mapping = dict(p.partition("=")[::2] for p in str(value).split(",")).get("mapping")
+            if mapping and len(_mapping_alternatives(mappings, mapping, node)) > 1 and status.get(vmid) == "running":
+                busy[mapping] = busy.get(mapping, 0) + 1
+    for o in play:  # single devices of the play's VMs are theirs whatever the order
+        for gpu in o.get("gpus") or []:
+            alts = _mapping_alternatives(mappings, gpu["mapping"], node) if gpu.get("mapping") else None
+            paths = alts[0] if alts and len(alts) == 1 else [] if alts else [_full_bus(gpu.get("bus"))]
+            for p in paths:
+                for d in _devices(p, pci):
+                    held.setdefault(d["id"], o["name"])
+    problems = []
+    for o in play:
+        for i, gpu in enumerate(o.get("gpus") or []):
+            alts = _mapping_alternatives(mappings, gpu["mapping"], node) if gpu.get("mapping") else []
+            if len(alts) < 2:
+                continue
+            free = [a for a in alts if not any(d["id"] in held for p in a for d in _devices(p, pci))]
+            skip = busy.get(gpu["mapping"], 0)
+            pick = free[skip] if len(free) > skip else None
+            if pick is not None:
+                for p in pick:
+                    for d in _devices(p, pci):
+                        held[d["id"]] = o["name"]
+            elif o is s:
+                owners = [
+                    next((held[d["id"]] for p in a for d in _devices(p, pci) if d["id"] in held), "?") for a in alts
+                ]
+                taken = [f"{';'.join(a)} ({who})" for a, who in zip(alts, owners, strict=True)]
+                problems.append(
+                    f"{vm}: proxmox_gpu_vm_gpus[{i}].mapping {gpu['mapping']!r} is a pool of {len(alts)} device(s) on "
+                    f"{node} and none is left for it (taken: {', '.join(taken)}"
+                    + (f"; {skip} held by running VMs outside the play" if skip else "")
+                    + f"): Proxmox VE would fail the start (\"could not find a free device for 'hostpci{i}'\"); add "
+                    "devices to the mapping (Datacenter > Resource Mappings) or give fewer GPUs of it"
+                )
+    return problems
 
 
 def pve_cluster_problems(specs: list[dict], cluster: dict) -> list[str]:
@@ -202,9 +281,14 @@ def pve_cluster_problems(specs: list[dict], cluster: dict) -> list[str]:
             continue  # an unknown node is proxmox_gpu_vm_cluster_problems' to report
         gpus = []
         for i, gpu in enumerate(s.get("gpus") or []):
-            path = _mapping_path(mappings, gpu["mapping"], node) if gpu.get("mapping") else _full_bus(gpu.get("bus"))
-            gpus.append((i, _devices(path, pci)))
+            paths = (
+                [p for alt in _mapping_alternatives(mappings, gpu["mapping"], node) for p in alt]
+                if gpu.get("mapping")
+                else [_full_bus(gpu.get("bus"))]
+            )
+            gpus.append((i, [d for p in paths for d in _devices(p, pci)]))  # a pool: every device it may get
         problems += _iommu_problems(vm, node, gpus, pci)
+        problems += _pool_problems(s, specs, cluster, mappings, pci)
         for vmid, entries in sorted((cluster.get("hostpci") or {}).items()):
             name, vnode, status = names.get(int(vmid), (None, None, None))
             if vmid in play_vmids or vnode != node:

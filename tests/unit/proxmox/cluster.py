@@ -36,6 +36,8 @@ def audio(bus: str, iommu: int) -> dict:
 
 
 PVE1_GPUS = ["0000:81:00", "0000:82:00", "0000:a1:00", "0000:a2:00"]
+# Both nodes: two sockets, one NUMA node each (/sys/devices/system/node/nodeN/cpulist; not in the API)
+HOST_NUMA = {0: "0-31,64-95", 1: "32-63,96-127"}
 PVE2_GPUS = ["0000:c1:00", "0000:c2:00"]
 
 TOKEN_ID = "root@pam!gpufleet"
@@ -66,8 +68,9 @@ def cluster(version: str = "8.4.1") -> dict:
             "pve1": {
                 "pci": [base, *pve1, nic("0000:01:00.0", 10)],
                 "drivers": vfio(pve1) | {"0000:01:00.0": "mlx5_core"},
+                "numa": HOST_NUMA,
             },
-            "pve2": {"pci": [base, *pve2], "drivers": vfio(pve2)},
+            "pve2": {"pci": [base, *pve2], "drivers": vfio(pve2), "numa": HOST_NUMA},
         },
         "storages": {
             "local-lvm": {"type": "lvmthin", "content": "images,rootdir", "shared": 0},

@@ -53,6 +53,7 @@ def expected(
         "ipconfig0": "ip=dhcp",
         "tags": tags,
         "hugepages": "1024",
+        "keephugepages": "1",
         "numa": "1",
         "numa0": f"cpus=0-15,hostnodes={node_numa},memory=131072,policy=bind",
         "efidisk0": f"{store}:vm-{vmid}-disk-1,format=raw,efitype=4m,pre-enrolled-keys=False,size=4M",
