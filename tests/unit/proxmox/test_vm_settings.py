@@ -75,6 +75,13 @@ def test_gpus_on_one_socket_bind_and_pin_to_that_socket():
     assert conf["affinity"] == "32-63,96-127"
 
 
+def test_the_gpus_own_numa_nodes_are_enough_for_hugepages():
+    sim = contract.case_sim()
+    s = dual_socket(numa_node=None, gpus=[{"bus": "0000:a1:00.0", "numa_node": 1}])
+    assert contract.role_problems(sim, s) == [] and contract.refused_by_pve(sim, s) == ""
+    assert stored(sim)["numa0"] == "cpus=0-31,hostnodes=1,memory=262144,policy=bind"
+
+
 def test_without_host_cpu_lists_only_memory_is_bound():
     s = contract.spec(host_numa_cpus={}, cpu_affinity=True)
     conf = pgv.desired_config(s)
