@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.request
 
-from . import SERVER_VERSION, SIM_HEADER_VALUE, cli, gpus
+from . import EMULATED_SGLANG_VERSION, SERVER_VERSION, SIM_HEADER_VALUE, cli, engines, gpus
 from .engine import Engine, env_float
 from .faults import Faults, FaultSource
 from .http_api import SimHTTPServer, access_log_default, bind_error_message
@@ -108,6 +108,17 @@ def proc_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+def launch_command(argv: list[str]) -> str:
+    """0.5.23 ``ServerArgs.launch_command``: the command line asked for, secrets redacted (server_args.py:303)."""
+    import shlex
+
+    words, hide = [], False
+    for word in argv:
+        words.append("<redacted>" if hide else word)
+        hide = word in ("--api-key", "--admin-api-key")
+    return shlex.join(["python", "-m", "sglang.launch_server", *words])
+
+
 class Child:
     def __init__(self, kind: str, popen: subprocess.Popen, tag: str = "", rank: int = 0):
         self.kind = kind
@@ -179,6 +190,7 @@ class App:
                 page_size=self.page_size,
                 max_total_num_tokens=self.kv_tokens,
                 detokenizer_cpu=self._detokenizer_cpu,
+                engine_version=EMULATED_SGLANG_VERSION,
             )
         self.fault_source = FaultSource(faults)
         self.engine = Engine(
@@ -264,8 +276,18 @@ class App:
                 "effective_max_running_requests_per_dp": int(a.max_running_requests or 4096),
             }
         )
+        extra = {}
+        if "launch_command" in engines.SERVER_INFO_EXTRA.get(EMULATED_SGLANG_VERSION, ()):
+            # 0.5.23 build_server_info (utils/common.py:3584-3593) and server_info (http_server.py:863-892)
+            extra = {
+                "launch_command": launch_command(sys.argv[1:]),
+                "kv_events": None,  # describe_kv_events_publisher: None without --kv-events-config
+                "startup_time": None,  # TokenizerManager.startup_time (phases not modelled: unset)
+                "frontend": "python",
+            }
         return {
             **args,
+            **extra,
             "status": "ready",
             "max_total_num_tokens": self.kv_tokens,
             "max_req_input_len": max_req_len - 5,

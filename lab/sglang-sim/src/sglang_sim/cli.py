@@ -15,9 +15,9 @@ import os
 from importlib import resources
 from typing import Any
 
-from . import BANNER, EMULATED_SGLANG_VERSION, __version__
+from . import BANNER, EMULATED_SGLANG_VERSION, __version__, engines
 
-ARGS_DATA = "data/server-args-0.5.9.json"
+ARGS_DATA = engines.args_data(EMULATED_SGLANG_VERSION)  # the emulated version's parser dump
 DEFAULT_MEM_FRACTION = 0.88
 
 
@@ -56,6 +56,38 @@ def loads(val: str) -> Any:  # json.loads under the name argparse shows in error
     return json.loads(val)
 
 
+def human_readable_int(value: str) -> int:
+    """0.5.10+ ``utils/common.py`` ``human_readable_int`` (0.5.23 line 3394): ``1k``, ``25.6k``, ``1Ki``, or an int."""
+    import re
+
+    value = value.strip()
+    si = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    iec = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value)
+    if m:
+        if m.group(2) in iec:
+            if "." in m.group(1):
+                raise argparse.ArgumentTypeError(f"Decimals are not allowed with IEC suffixes: {value!r}")
+            return int(m.group(1)) * iec[m.group(2)]
+        return int(float(m.group(1)) * si[m.group(2)])
+    return int(value)
+
+
+def parse_cuda_graph_backend_arg(raw: str) -> str:
+    """0.5.23 ``model_executor/cuda_graph_config.py:237``."""
+    if raw == "tc_piecewise":
+        raise argparse.ArgumentTypeError("tc_piecewise was removed; select breakable, full, or disabled")
+    return raw
+
+
+def parse_cuda_graph_config_arg(raw: str) -> dict:
+    """0.5.23 ``model_executor/cuda_graph_config.py:246`` (a JSON dict of phase -> settings; keys not checked)."""
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"--cuda-graph-config must be a JSON object, got {raw!r}")
+    return value
+
+
 TYPES = {
     None: None,
     "str": str,
@@ -64,6 +96,9 @@ TYPES = {
     "loads": loads,
     "json_list_type": json_list_type,
     "nullable_str": nullable_str,
+    "human_readable_int": human_readable_int,
+    "parse_cuda_graph_backend_arg": parse_cuda_graph_backend_arg,
+    "parse_cuda_graph_config_arg": parse_cuda_graph_config_arg,
 }
 
 
@@ -82,13 +117,42 @@ class LoRAPathAction(argparse.Action):
 
 
 class DeprecatedAction(argparse.Action):
-    """sglang's DeprecatedAction: using the flag raises ValueError (an uncaught exception, exit 1)."""
+    """sglang's DeprecatedAction (0.5.9 server_args.py:5729-5738, 0.5.10.post1 server_args.py:6673-6682): no value
+    (nargs=0), stores nothing, logs a warning; the start goes on."""
 
     def __init__(self, option_strings, dest, nargs=0, **kwargs):
         super().__init__(option_strings, dest, nargs=nargs, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        raise SimFatal(f"ValueError: {option_string} is deprecated and no longer supported by sglang 0.5.9.")
+        from .log import log
+
+        log(
+            f"WARNING server_args.py: The command line argument '{option_string}' is deprecated and will be removed "
+            "in future versions."
+        )
+
+
+class DeprecatedStoreTrueAction(argparse.Action):
+    """0.5.10+/0.5.23 ``arg_groups/argparse_actions.py:77``: warns, stores True (the flag still works)."""
+
+    def __init__(self, option_strings, dest, nargs=0, const=True, default=False, **kwargs):
+        super().__init__(option_strings, dest, nargs=nargs, const=const, default=default, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .log import log
+
+        log(f"WARNING server_args.py: '{option_string}' is deprecated and will be removed in a future release.")
+        setattr(namespace, self.dest, True)
+
+
+class DeprecatedStoreConstAction(argparse.Action):
+    """0.5.23 ``arg_groups/argparse_actions.py:103``: warns, stores the value (or True without one)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .log import log
+
+        log(f"WARNING server_args.py: '{option_string}' is deprecated and will be removed in a future release.")
+        setattr(namespace, self.dest, values if values not in (None, []) else True)
 
 
 ACTIONS = {
@@ -102,6 +166,12 @@ ACTIONS = {
     "BooleanOptionalAction": argparse.BooleanOptionalAction,
     "LoRAPathAction": LoRAPathAction,
     "DeprecatedAction": DeprecatedAction,
+    "DeprecatedStoreTrueAction": DeprecatedStoreTrueAction,
+    "DeprecatedStoreConstAction": DeprecatedStoreConstAction,
+    # 0.5.23's smg-grpc-servicer plugin actions store their value (and set an environment variable the simulator
+    # has no use for)
+    "_ServicerImplAction": "store",
+    "_EnvStoreAction": "store",
 }
 
 
@@ -160,9 +230,13 @@ def build_parser(spec: dict[str, Any] | None = None) -> argparse.ArgumentParser:
         elif action is LoRAPathAction:
             kwargs["nargs"] = arg.get("nargs") or "*"
             kwargs["type"] = str
+        elif action is DeprecatedStoreConstAction:
+            kwargs["nargs"] = arg.get("nargs")
+            if arg.get("choices") is not None:
+                kwargs["choices"] = arg["choices"]
         kwargs["default"] = arg.get("default")
         if action is DeprecatedAction:
-            kwargs["help"] = "deprecated (using it is an error)"
+            kwargs["help"] = "deprecated (ignored, with a warning)"
         else:
             kwargs["help"] = "default: %(default)s"
         parser.add_argument(*arg["options"], **kwargs)
@@ -271,6 +345,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.model_path:
         parser.error("the following arguments are required: --model-path/--model")
+    engines.to_sim(args, EMULATED_SGLANG_VERSION)  # the 0.5.9 names the simulator reads, from this version's dests
     return args
 
 

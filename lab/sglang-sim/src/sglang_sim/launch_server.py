@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from . import BANNER, EMULATED_SGLANG_VERSION, __version__, cli, gpus
+from . import BANNER, EMULATED_SGLANG_VERSION, __version__, cli, engines, gpus
 from .cli import SimFatal
 from .faults import FaultError, from_env
 from .log import fake_traceback, log, write_raw
@@ -53,6 +53,10 @@ def check_gpus(args, profile: gpus.Profile) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    unknown = engines.problem(EMULATED_SGLANG_VERSION)
+    if unknown:
+        write_raw(f"sglang-sim {__version__}: {BANNER}: error: {unknown}\n")
+        return 2
     try:
         args = cli.parse(argv)
     except SimFatal as e:

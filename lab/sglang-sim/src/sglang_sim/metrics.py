@@ -330,14 +330,17 @@ class Family:
 
 
 class Registry:
-    """The families in the order their first child appeared (what a scrape of the multiprocess dir lists)."""
+    """The families in the order their first child appeared (what a scrape of the multiprocess dir lists).
+    ``hidden``: names the emulated engine version does not have (engines.METRICS_GONE): fed, never exposed."""
 
-    def __init__(self) -> None:
+    def __init__(self, hidden: Iterable[str] = ()) -> None:
         self.lock = threading.RLock()
         self.families: dict[str, Family] = {}
+        self.hidden = set(hidden)
 
     def add(self, family: Family) -> Family:
-        self.families[family.name] = family
+        if family.name not in self.hidden:
+            self.families[family.name] = family
         return family
 
     # prometheus_client's Counter/Histogram/Gauge constructors, registered here
@@ -483,8 +486,12 @@ class SglangMetrics:
         page_size: int = 1,
         max_total_num_tokens: int = 0,
         detokenizer_cpu: Callable[[], tuple[float, float] | None] | None = None,
+        engine_version: str = "0.5.9",
     ):
-        self.reg = Registry()
+        from .engines import METRICS_GONE, PAGE_GAUGES
+
+        self.engine_version = engine_version
+        self.reg = Registry(METRICS_GONE.get(engine_version, {}))
         self.lock = self.reg.lock
         self.tok_labels = dict(tokenizer_labels)
         self.sched_labels = [dict(lab) for lab in scheduler_labels]
@@ -602,6 +609,12 @@ class SglangMetrics:
         )
         # Scheduler.init_cache_with_memory_pool (managers/scheduler.py:631): every rank, at start-up
         self.cache_config_info.set({"page_size": page_size, "num_pages": max_total_num_tokens // max(1, page_size)}, 1)
+        if engine_version in PAGE_GAUGES:  # 0.5.23 observability/metrics_collector.py:1325-1336, every rank
+            page = reg.gauge("sglang:page_size", "KV cache page size in tokens.", sched_names, mode="mostrecent")
+            pages = reg.gauge("sglang:num_pages", "Number of KV cache pages.", sched_names, mode="mostrecent")
+            for labels in self.sched_labels:
+                page.set(labels, page_size)
+                pages.set(labels, max_total_num_tokens // max(1, page_size))
         self._routing_keys: dict[str, int] = {}
 
     def set_scheduler_pid(self, pid: int) -> None:

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from . import gpus
+from . import EMULATED_SGLANG_VERSION, engines, gpus
 
-FIELDS_DATA = "data/server-args-fields-0.5.9.json"
+FIELDS_DATA = engines.fields_data(EMULATED_SGLANG_VERSION)  # the emulated version's /server_info fields
 
 # configs/model_config.py:54 is_deepseek_nsa
 DSA_ARCHS = (
@@ -238,8 +238,9 @@ def _nsa(a: argparse.Namespace, model: ModelConfig, major: int, warn) -> None:
     if model.arch == "GlmMoeDsaForCausalLM" and major in (10, 11, 12):  # is_blackwell_supported (CUDA 12.8 build)
         warn("Force NSA prefill to use MLA (i.e. disable MHA_ONE_SHOT) for GlmMoeDsaForCausalLM on Blackwell.")
     if _attention_backend_not_set(a):
-        a.attention_backend = "nsa"
-        warn("Use nsa attention backend for DeepSeek with DSA.")
+        # 0.5.23 calls it "dsa" (arg_groups/model_overrides/deepseek_v2.py:103)
+        a.attention_backend = engines.DSA_BACKEND.get(EMULATED_SGLANG_VERSION, "nsa")
+        warn(f"Use {a.attention_backend} attention backend for DeepSeek with DSA.")
     tp, dp = int(a.tensor_parallel_size or 1), int(a.data_parallel_size or 1)
     if dp < tp:
         warn(
@@ -412,7 +413,7 @@ def server_args_fields() -> list[str]:
 def server_args_dict(args: argparse.Namespace) -> dict[str, Any]:
     """``dataclasses.asdict(server_args)``: the 0.5.9 dataclass fields, in order (``tp_size`` for
     ``--tensor-parallel-size``, and so on: ``ServerArgs.from_cli_args``)."""
-    values = dict(vars(args))
+    values = engines.from_sim(dict(vars(args)), EMULATED_SGLANG_VERSION)
     for dest, name in RENAMED.items():
         if dest in values:
             values[name] = values[dest]
