@@ -355,8 +355,12 @@ def cmd_wheelhouse_production(args) -> int:
     return 0
 
 
-# Other locks over the lab wheelhouse, rewritten by `lab` too: Molecule's second lock of role ml_env.
-LAB_EXTRA_LOCKS = [ROOT / "roles" / "ml_env" / "molecule" / "default" / "locks" / "lab-sim-next"]
+# Other locks over the lab wheelhouse, rewritten by `lab` too: the lab's CUDA 13 lane (the same simulator wheel; its
+# lock.yml says which engine version the simulator emulates there) and Molecule's second lock of role ml_env.
+LAB_EXTRA_LOCKS = [
+    LOCKS / "lab-sim-cu130",
+    ROOT / "roles" / "ml_env" / "molecule" / "default" / "locks" / "lab-sim-next",
+]
 
 
 def compile_lock(name: str, find_links: Path | None = None, exclude_newer: str | None = None) -> Path:

@@ -532,6 +532,8 @@ def migrate_layers(layers, from_version, to_version) -> dict:
 LOCKS_DIR = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "locks"))
 _PIN_RE = re.compile(r"^sglang==([^\s;\\#]+)", re.MULTILINE)
 _CUDA_RE = re.compile(r"^cuda_version:\s*['\"]?([0-9.]+)['\"]?\s*$", re.MULTILINE)
+# lock.yml's engine_version: the engine version of a lock that pins no sglang (the lab's simulator, which emulates one)
+_ENGINE_RE = re.compile(r"^engine_version:\s*['\"]?([0-9][0-9A-Za-z.+-]*)['\"]?\s*(?:#.*)?$", re.MULTILINE)
 
 
 def _read(path: str) -> str:
@@ -545,9 +547,10 @@ def _read(path: str) -> str:
 def engine_lane(lock, locks_dir=None, variable="ml_env_lock") -> dict:
     """The lane of lock ``lock`` (a folder of ``locks_dir``, by default the project's or installed collection's locks/,
     LOCKS_DIR): ``{lock, dir, engine_version, cuda_version, table,
-    problem}``. ``engine_version`` is the sglang the lock pins (requirements.txt, else requirements.in); ``table`` the
-    version whose argument table checks the flags: the engine version, or the pinned default (DEFAULT_VERSION) for a
-    lock that pins no sglang (the lab's simulator). ``problem`` (empty when none) names the variable that named the
+    problem}``. ``engine_version`` is the sglang the lock pins (requirements.txt, else requirements.in), else the
+    ``engine_version`` its lock.yml declares (a lock that pins no sglang but stands for one: the lab's simulator
+    locks); ``table`` the version whose argument table checks the flags: the engine version, or the pinned default
+    (DEFAULT_VERSION) for a lock with neither. ``problem`` (empty when none) names the variable that named the
     lock (``variable``) and the fix."""
     lock = "" if lock is None else str(lock)
     locks_dir = os.fspath(locks_dir or LOCKS_DIR)
@@ -573,11 +576,18 @@ def engine_lane(lock, locks_dir=None, variable="ml_env_lock") -> dict:
             lane["engine_version"] = pin.group(1)
             break
     if lane["engine_version"] is None:
-        return lane
+        declared = _ENGINE_RE.search(meta)
+        if declared is None:
+            return lane
+        lane["engine_version"] = declared.group(1)
+    pinned = _PIN_RE.search(_read(os.path.join(lane["dir"], "requirements.txt"))) or _PIN_RE.search(
+        _read(os.path.join(lane["dir"], "requirements.in"))
+    )
     lane["table"] = lane["engine_version"]
     if not os.path.isfile(table_file(lane["engine_version"])):
         lane["problem"] = (
-            f"{variable} {lock!r} pins sglang {lane['engine_version']}, which has no argument table "
+            f"{variable} {lock!r} {'pins sglang' if pinned else 'declares engine_version'} {lane['engine_version']}, "
+            "which has no argument table "
             f"(plugins/module_utils/sglang_args/sglang-args-{lane['engine_version']}.json; tables: "
             f"{', '.join(table_versions())}): dump its parser with lab/real-engine/dump_parser.py and reduce it with "
             "lab/real-engine/reduce_table.py (docs/engine-lanes.md)"

@@ -247,9 +247,27 @@ def test_a_lane_is_its_locks_pinned_sglang_and_cuda():
         "0.5.9",
         "12.8",
     )
-    # the lab's simulator pins no sglang: the pinned default table
-    sim = lane("lab-sim", str(locks))
-    assert (sim["engine_version"], sim["table"], sim["problem"]) == (None, "0.5.9", "")
+    # the lab's simulator locks pin no sglang: lock.yml's engine_version (what the simulator emulates there) decides
+    for lock, engine, cuda in (("lab-sim", "0.5.9", "12.8"), ("lab-sim-cu130", "0.5.23", "13.0")):
+        sim = lane(lock, str(locks))
+        assert (sim["engine_version"], sim["cuda_version"], sim["table"], sim["problem"]) == (engine, cuda, engine, "")
+
+
+def test_a_lock_with_neither_a_pin_nor_an_engine_version_gets_the_pinned_default_table(tmp_path):
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "lock.yml").write_text('name: tools\ncuda_version: "13.0"\n')
+    (tmp_path / "tools" / "requirements.in").write_text("torch==2.11.0\n")
+    found = lane("tools", str(tmp_path))
+    assert (found["engine_version"], found["table"], found["problem"]) == (None, "0.5.9", "")
+
+
+def test_a_declared_engine_version_without_a_table_is_refused_saying_so(tmp_path):
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "lock.yml").write_text('name: sim\nengine_version: "0.6.0"  # emulated\n')
+    (tmp_path / "sim" / "requirements.in").write_text("sglang-sim==0.1.0\n")
+    found = lane("sim", str(tmp_path))
+    assert found["engine_version"] == "0.6.0"
+    assert found["problem"].startswith("ml_env_lock 'sim' declares engine_version 0.6.0, which has no argument table")
 
 
 @pytest.mark.parametrize("name", ["sglang-cu131", "", "../locks/sglang-cu128", None])

@@ -71,6 +71,17 @@ def test_the_plan_shows_each_hosts_flags_on_the_cuda_13_lane_without_touching_a_
     assert task(doc, "Show the plan")["gpu-02"]["msg"] == shown
 
 
+def test_the_lab_lanes_are_the_simulators_declared_engine_versions(tmp_path):
+    """locks/lab-sim and lab-sim-cu130 pin no sglang; their lock.yml's engine_version (what the simulator emulates
+    there) and cuda_version make the lab's plan the production one's."""
+    rc, doc, out = plan(tmp_path, {"gpu-01": {"ml_env_lock": "lab-sim"}}, "-e", "upgrade_plan_to=lab-sim-cu130")
+    assert rc == 0, out[-3000:]
+    shown = task(doc, "Show the plan")["gpu-01"]["msg"]
+    assert shown[0] == "lane lab-sim (sglang 0.5.9, CUDA 12.8) -> lab-sim-cu130 (sglang 0.5.23, CUDA 13.0)"
+    assert shown[1:3] == ["sglang_server_args_gpu_class:", "- --nsa-decode-backend trtllm"]
+    assert any(line.startswith("+ --dsa-decode-backend trtllm  # NSA is called DSA") for line in shown)
+
+
 def test_the_plan_back_to_the_cuda_12_step_changes_nothing(tmp_path):
     rc, doc, out = plan(tmp_path, {"gpu-01": {}}, "-e", "upgrade_plan_to=sglang-cu128-0.5.10")
     assert rc == 0, out[-3000:]
@@ -96,7 +107,8 @@ def test_a_flag_without_a_mapping_fails_its_host_naming_the_option(tmp_path):
     [
         ({"gpu-01": {}}, (), "upgrade_plan_to '' names no lock folder under "),
         ({"gpu-01": {}}, ("-e", "upgrade_plan_to=sglang-cu140"), "upgrade_plan_to 'sglang-cu140' names no lock folder"),
-        ({"gpu-01": {}}, ("-e", "upgrade_plan_to=lab-sim"), 'upgrade_plan_to "lab-sim" pins no sglang'),
+        ({"gpu-01": {}}, ("-e", "upgrade_plan_to=kernel-cu130"),
+             'upgrade_plan_to "kernel-cu130" pins no sglang and its lock.yml declares no engine_version'),
         ({"gpu-01": {"ml_env_lock": "sglang-cu129"}}, ("-e", "upgrade_plan_to=sglang-cu130"),
          "gpu-01: ml_env_lock 'sglang-cu129' names no lock folder under "),
     ],
@@ -118,7 +130,7 @@ LANE_EXPR = "{{ _sglang_server_lane }}"
 @pytest.mark.parametrize(
     ("extra", "lock", "table"),
     [({}, "sglang-cu128", "0.5.9"), ({"ml_env_lock": "sglang-cu130"}, "sglang-cu130", "0.5.23"),
-     ({"ml_env_lock": "lab-sim"}, "lab-sim", "0.5.9")],
+     ({"ml_env_lock": "lab-sim"}, "lab-sim", "0.5.9"), ({"ml_env_lock": "lab-sim-cu130"}, "lab-sim-cu130", "0.5.23")],
 )  # fmt: skip
 def test_the_roles_lane_is_the_hosts_lock(tmp_path, extra, lock, table):
     lane = render(REPO / "inventory" / "lab" / "group_vars", "localhost", LANE_EXPR, extra, tmp_path)
