@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--hosts", type=int, default=8, help="server hosts (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
-        "--rollout-repeats", type=int, default=3, help="real rollouts of a flag change (default %(default)s)"
+        "--rollout-repeats", type=int, default=3, help="real rollouts of a flag change (default %(default)s; 0: none)"
     )
     parser.add_argument("--keep-lab", action="store_true", help="leave the lab up (inventory tmp/perf-fleet)")
     parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "fleet_rollout.json"))
@@ -424,8 +424,8 @@ def main(argv: list[str] | None = None) -> dict:
         budget = {"rollout_max_unavailable": "100%"}
         out["noop_rollout"] = noop_pair("playbooks/rollout.yml", one, "sglang_servers", args.repeats, extra=budget)
         out["noop_rollout"]["extra_vars"] = budget
-        sizes = batches_for(args.hosts)
-        out["rollout"] = real_rollouts(sizes, args.rollout_repeats)
+        if args.rollout_repeats > 0:
+            out["rollout"] = real_rollouts(batches_for(args.hosts), args.rollout_repeats)
     finally:
         if not args.keep_lab:
             lab("down")
@@ -436,6 +436,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"({nd['many_over_one']}x; medians {nd['many_over_one_median']}x; goal 1.5x)")  # fmt: skip
     print(f"no-op rollout.yml: 1 host {nr['one_host_s']['best']} s, {args.hosts} hosts {nr['many_hosts_s']['best']} s "
           f"({nr['many_over_one']}x; medians {nr['many_over_one_median']}x)")  # fmt: skip
+    if "rollout" not in out:  # --rollout-repeats 0
+        return out
     sizes = out["rollout"]["serial"]
     print(f"rollout of a flag change in batches {sizes}: {out['rollout']['wall_s']} s (the first of "
           f"{out['rollout']['repeats']})")  # fmt: skip

@@ -1,9 +1,12 @@
 """The opt-in private-API speed-ups (tools/ansible_speedups) against the default configuration (public APIs only),
-interleaved on a lab kept by fleet_rollout.py: each round runs, for each side in turn (the order alternating per
-round), a no-op deploy.yml limited to one server host, one limited to every server host, and a real rollout of a
-flag change in batches of 1 and N-1 (its own overhead per batch: wall minus the engines' stop and warm-up).
+interleaved on a lab kept by fleet_rollout.py (run it with --rollout-repeats 0, so the servers run what the inventory
+says and their last deploy.yml left its converged record): first `--rounds` rounds of no-op deploy.yml, limited to
+one server host and to every server host, for each side in turn (the order alternating per round); then `--rounds`
+rounds of a real rollout of a flag change in batches of 1 and N-1 for each side in turn (its own overhead per batch:
+wall minus the engines' stop and warm-up). The no-ops come first: after a rollout, deploy.yml would see the rolled
+flag differ from the inventory and restart the servers back.
 
-    python benchmarks/suite/fleet_rollout.py --hosts 8 --repeats 1 --rollout-repeats 1 --keep-lab
+    python benchmarks/suite/fleet_rollout.py --hosts 8 --repeats 2 --rollout-repeats 0 --keep-lab
     python benchmarks/suite/speedups_ab.py [--rounds 2] [--output benchmarks/results/speedups_ab.json]
     python -m gpufleet_lab --name perf-fleet down
 
@@ -61,13 +64,15 @@ def main() -> None:
         "noop": [],
         "rollouts": [],
     }
-    rollouts = flag_changes(sizes)
     try:
         for name, env in alternating(args.rounds, sides):
             fleet_rollout.PLAY_ENV = env
             one, every = noop_deploy(f"{fleet_rollout.LAB}-01"), noop_deploy("sglang_servers")
             out["noop"].append({"side": name, "one_host": one, "every_host": every})
             print(f"{name}: no-op deploy.yml {one['wall_s']} s, 1 host; {every['wall_s']} s, every host", flush=True)
+        rollouts = flag_changes(sizes)
+        for name, env in alternating(args.rounds, sides):
+            fleet_rollout.PLAY_ENV = env
             record(out, {"side": name, **next(rollouts)})
     finally:
         fleet_rollout.PLAY_ENV = base
