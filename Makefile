@@ -24,7 +24,7 @@ SCENARIO ?=
 MOLECULE_JOBS ?=
 LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --routers $(ROUTERS) --monitors $(MONITORS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
 
-.PHONY: promtool router-wheelhouse real-engine help setup apt venv collections bench-client bench deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-prune lab-tests lab-tests-1 lab-tests-2 molecule bench-lab real-kernel
+.PHONY: promtool router-wheelhouse real-engine help setup apt venv collections bench-client bench deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-prune lab-tests lab-tests-1 lab-tests-2 molecule bench-lab real-kernel proxmox-demo
 
 help:
 	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
@@ -34,6 +34,7 @@ help:
 	@echo "make real-engine    the production lock (real SGLang 0.5.9) on a GPU-less lab host: must fail, roll back"
 	@echo "make real-kernel   build a real CUDA torch extension (sm_90 + sm_120) with the ml_env kernel builder (~2.7 GB cached)"
 	@echo "make bench-lab     time lab bring-up (2 and 8 hosts) and make test; saves JSON in benchmarks/results"
+	@echo "make proxmox-demo  provision two GPU VMs on a simulated Proxmox VE (lab/pvesim) and read the inventory back"
 	@echo "make bench         performance suite: no-op deploy (ansible.cfg vs defaults vs Mitogen), restart, env build"
 
 setup: apt venv collections bench-client promtool
@@ -51,6 +52,11 @@ venv:
 
 collections: venv
 	.venv/bin/python tools/install_collections.py
+
+# docs/proxmox.md, "A newcomer's path": pvesim on loopback, provision.yml with inventory/examples/proxmox/provision.yml,
+# the inventory read back with cluster.proxmox.yml, pvesim stopped (tools/proxmox_demo.py).
+proxmox-demo: venv collections
+	.venv/bin/python tools/proxmox_demo.py
 
 # The controller's benchmark client (sglang 0.5.9's bench_serving without its CUDA kernels) and the fleet report's
 # plotting, from the hashed lock locks/bench-client (cached in .cache/bench-client). Headless Chromium (Debian,

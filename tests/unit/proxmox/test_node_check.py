@@ -1,0 +1,104 @@
+"""playbooks/proxmox_node_check.yml: the read-only check of the Proxmox VE nodes' passthrough prerequisites, against
+pvesim (the API: IOMMU groups) and a copy of a node's procfs/sysfs (over the node's connection: here local, with
+proxmox_node_check_root pointing at the copy). Asserts what a user reads, and that nothing is written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cluster import PASSWORD, PVE1_GPUS
+from proxmox_runner import Runner
+
+GIB_KB = 1048576
+
+
+def node_tree(root: Path, *, cmdline: str, modules: list[str], drivers: dict[str, str], pages: dict[int, int]) -> Path:
+    """The files proxmox_node_facts reads, shaped as on a Proxmox VE 8 node with two sockets."""
+    (root / "proc").mkdir(parents=True)
+    (root / "proc/cmdline").write_text(cmdline + "\n")
+    (root / "proc/modules").write_text("".join(f"{m} 65536 0 - Live 0x0000000000000000\n" for m in modules))
+    for m in modules:
+        (root / "sys/module" / m).mkdir(parents=True)
+    for i, bus in enumerate(PVE1_GPUS):
+        group = 40 + i
+        (root / f"sys/kernel/iommu_groups/{group}/devices").mkdir(parents=True)
+        for fn, cls, dev in ((0, "0x030000", "0x2bb1"), (1, "0x040300", "0x22e8")):
+            d = root / f"sys/bus/pci/devices/{bus}.{fn}"
+            d.mkdir(parents=True)
+            (d / "class").write_text(cls + "\n")
+            (d / "vendor").write_text("0x10de\n")
+            (d / "device").write_text(dev + "\n")
+            os.symlink(f"../../../../kernel/iommu_groups/{group}", d / "iommu_group")
+            driver = drivers.get(f"{bus}.{fn}", "vfio-pci")
+            if driver:
+                os.symlink(f"../../../../bus/pci/drivers/{driver}", d / "driver")
+    for n, cpus in ((0, "0-31,64-95"), (1, "32-63,96-127")):
+        d = root / f"sys/devices/system/node/node{n}"
+        (d / f"hugepages/hugepages-{GIB_KB}kB").mkdir(parents=True)
+        (d / "hugepages/hugepages-2048kB").mkdir(parents=True)
+        (d / "cpulist").write_text(cpus + "\n")
+        (d / f"hugepages/hugepages-{GIB_KB}kB/nr_hugepages").write_text(f"{pages.get(n, 0)}\n")
+        (d / f"hugepages/hugepages-{GIB_KB}kB/free_hugepages").write_text(f"{pages.get(n, 0)}\n")
+        (d / "hugepages/hugepages-2048kB/nr_hugepages").write_text("0\n")
+        (d / "hugepages/hugepages-2048kB/free_hugepages").write_text("0\n")
+    return root
+
+
+def with_node(runner: Runner, root: Path) -> None:
+    runner.inventory["all"]["children"]["proxmox_nodes"] = {
+        "hosts": {"pve1": {"ansible_connection": "local", "proxmox_node_check_root": str(root)}}
+    }
+
+
+def test_a_node_without_the_prerequisites_is_reported_with_each_fix_and_nothing_written(runner: Runner, tmp_path):
+    for d in runner.server.sim.nodes["pve2"]["pci"]:
+        d["iommugroup"] = -1  # pve2: IOMMU off, seen through the API only (it is not in proxmox_nodes)
+    root = node_tree(
+        tmp_path / "pve1",
+        cmdline="BOOT_IMAGE=/boot/vmlinuz-6.8.12-4-pve root=/dev/mapper/pve-root ro quiet intel_iommu=on",
+        modules=["vfio", "vfio_iommu_type1"],  # vfio_pci missing
+        drivers={"0000:a1:00.1": "snd_hda_intel", "0000:81:00.0": "nvidia"},
+        pages={0: 64, 1: 0},  # gpu-a1 and gpu-a2 (128 GiB each) are bound to NUMA node 0
+    )
+    with_node(runner, root)
+    p = runner.run("playbooks/proxmox_node_check.yml")
+    assert p.returncode != 0
+    out = " ".join(p.stdout.split())
+    assert "Node prerequisites not met (nothing was changed):" in out
+    assert "pve1: vfio modules not loaded: vfio_pci: add vfio, vfio_iommu_type1 and vfio_pci to /etc/modules" in out
+    assert (
+        "pve1: 0000:a1:00.1 shares IOMMU group 42 with 0000:a1:00.0 (gpu-a2) and is bound to snd_hda_intel: QEMU "
+        "refuses the start ('group 42 is not viable'); bind it to vfio-pci" in out
+    )
+    assert "pve1: 0000:81:00.0 (gpu-a1) is held by the host driver nvidia: blacklist it" in out
+    assert (
+        "pve1: NUMA node 0 reserves 64 1 GiB hugepages, the VMs bound to it (gpu-a1, gpu-a2) need 256: reserve them "
+        "at boot" in out
+    )
+    assert (
+        "pve2: the IOMMU is off (0000:c1:00.0, 0000:c2:00.0 without an IOMMU group): Intel: add intel_iommu=on" in out
+    )
+    assert "pve2: read through the API only (IOMMU); add the node to group proxmox_nodes" in out
+    assert runner.writes() == []
+    # GET only, and the login (POST /access/ticket)
+    assert {e["endpoint"] for e in runner.server.sim.exchanges if not e["endpoint"].startswith("GET ")} <= {
+        "POST /access/ticket"
+    }
+    assert PASSWORD not in p.stdout + p.stderr
+
+
+def test_a_ready_node_passes(runner: Runner, tmp_path):
+    root = node_tree(
+        tmp_path / "pve1",
+        cmdline="BOOT_IMAGE=/boot/vmlinuz-6.8.12-4-pve ro quiet intel_iommu=on iommu=pt hugepagesz=1G hugepages=512",
+        modules=["vfio", "vfio_iommu_type1", "vfio_pci"],
+        drivers={},
+        pages={0: 256, 1: 256},
+    )
+    with_node(runner, root)
+    runner.inventory["all"]["children"]["proxmox_gpu_vms"]["hosts"].pop("gpu-b1")  # pve2 is not read over SSH
+    p = runner.run("playbooks/proxmox_node_check.yml")
+    assert p.returncode == 0, p.stdout[-4000:]
+    assert "pve1: prerequisites met for the VMs planned on them" in p.stdout
+    assert runner.writes() == []
