@@ -17,6 +17,9 @@ description:
   - Runs C(PYTHON -m MODULE --help) once per release (releases are immutable) and caches the output under
     I(cache_dir); returns every option string it prints. The role checks each rendered flag against them.
   - The cache is internal state of the role, so the module never reports a change.
+  - I(environment) (the engine's environment from the inventory, sglang_server_environment) is set for the run, as
+    the unit sets it: an engine whose options depend on it (plugins, the lab's simulator, whose emulated version
+    SGLANG_SIM_ENGINE_VERSION names) prints the help it will parse. It is part of the cache key.
 options:
   python:
     description: "Python of the ml-env release."
@@ -34,6 +37,10 @@ options:
     description: "Seconds --help may take (SGLang imports torch)."
     type: int
     default: 300
+  environment:
+    description: "Variables set for the run (the unit's engine environment), over the module's own."
+    type: dict
+    default: {}
 author: gpufleet
 """
 
@@ -69,13 +76,16 @@ def main():
             "module": {"type": "str", "required": True},
             "cache_dir": {"type": "path", "required": True},
             "timeout": {"type": "int", "default": 300},
+            "environment": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
     p = module.params
     if not os.access(p["python"], os.X_OK):
         module.fail_json(msg=f"the engine's Python {p['python']} does not exist or is not executable")
-    key = hashlib.sha256(f"{os.path.realpath(p['python'])}\0{p['module']}".encode()).hexdigest()[:24]
+    env = {str(k): str(v) for k, v in sorted((p["environment"] or {}).items())}
+    ident = f"{os.path.realpath(p['python'])}\0{p['module']}" + "".join(f"\0{k}={v}" for k, v in env.items())
+    key = hashlib.sha256(ident.encode()).hexdigest()[:24]
     path = os.path.join(p["cache_dir"], f"help-{key}.txt")
     cached = os.path.exists(path)
     if cached:
@@ -84,7 +94,9 @@ def main():
     else:
         argv = [p["python"], "-m", p["module"], "--help"]
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=p["timeout"], check=False)
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=p["timeout"], check=False, env={**os.environ, **env}
+            )
         except subprocess.TimeoutExpired:
             module.fail_json(msg=f"{' '.join(argv)} took more than {p['timeout']} s")
         if proc.returncode != 0 or "--" not in proc.stdout:

@@ -140,6 +140,20 @@ def test_engine_help_lists_the_engine_options_and_caches_them(run_module, tmp_pa
     assert not failed and again["cached"] is True and again["options"] == first["options"]
 
 
+def test_engine_help_runs_with_the_units_environment_each_cached_apart(run_module, tmp_path, sim_on_path):
+    """The engine's environment (sglang_server_environment) is set for --help as the unit sets it: the simulator's
+    SGLANG_SIM_ENGINE_VERSION picks the parser it prints (0.5.23 has --dsa-decode-backend, 0.5.9 not)."""
+    base = {"python": sys.executable, "module": "sglang_sim.launch_server", "cache_dir": str(tmp_path / "c")}
+    old, failed = run_module("sglang_server_engine_help", base)
+    assert not failed and "--dsa-decode-backend" not in old["options"]
+    new, failed = run_module(
+        "sglang_server_engine_help", {**base, "environment": {"SGLANG_SIM_ENGINE_VERSION": "0.5.23"}}
+    )
+    assert not failed and new["cached"] is False
+    assert "--dsa-decode-backend" in new["options"] and "--nsa-decode-backend" not in new["options"]
+    assert len(list((tmp_path / "c").iterdir())) == 2
+
+
 def test_engine_help_check_mode_writes_no_cache(run_module, tmp_path, sim_on_path):
     args = {"python": sys.executable, "module": "sglang_sim.launch_server", "cache_dir": str(tmp_path / "c"),
             "_ansible_check_mode": True}  # fmt: skip
