@@ -17,8 +17,8 @@ def rollout_quality_key(host_vars, model: str, default_lane: str = "", deployed_
     else '<GPU name> x<count>' from its gpu_facts), its model (as the disruption budget counts it), its lane and the
     baseline's file name '<class>--<model>--<lane>.json' (each part as a file name: serving_bench_slug).
 
-    The lane is the one the host runs now, before the change: ``deployed_lane`` (its last deploy report's
-    ``versions.lane``, the lock of the ml-env release its server runs), else the inventory's (ml_env_lock, else
+    The lane is the one the host runs now, before the change: ``deployed_lane`` (the lane of its last-known-good
+    manifest, the version its server runs, proven), else the inventory's (ml_env_lock, else
     ``default_lane``). A rollout that changes the lane is judged against the baseline of the lane it leaves: the new
     lane has none yet."""
     hv = host_vars or {}

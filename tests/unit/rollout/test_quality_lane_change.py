@@ -1,10 +1,11 @@
 """The quality gate on a rollout that changes the engine lane (docs/quality-gate.md): the canary is judged against
-the baseline of the lane it runs BEFORE the change, the one its last deploy report names (versions.lane: the lock of
-the ml-env release its server runs); the new lane has no baseline yet. Without a deploy report, the inventory's lane.
-roles/rollout/tasks/quality_plan.yml's own expressions, rendered by ansible-playbook."""
+the baseline of the lane it runs BEFORE the change, the lane of its last-known-good manifest (the version its server
+runs, proven); the new lane has no baseline yet. Without a manifest (or one written before manifests kept the lane),
+the inventory's lane. roles/rollout/tasks/quality_plan.yml's own expressions, rendered by ansible-playbook."""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -33,21 +34,20 @@ def _plan_task_vars() -> dict:
 
 
 @pytest.mark.parametrize(
-    ("report", "lane"),
-    [({"versions": {"lane": "lab-sim", "engine": "0.5.9-sim"}}, "lab-sim"), (None, "lab-sim-cu130"),
-     ({"versions": {"engine": "0.5.9-sim"}}, "lab-sim-cu130")],
-    ids=["deploy-report", "no-report", "report-before-lanes"],
+    ("manifest", "lane"),
+    [({"release": "/opt/ml-env/releases/a", "lane": "lab-sim"}, "lab-sim"), (None, "lab-sim-cu130"),
+     ({"release": "/opt/ml-env/releases/a"}, "lab-sim-cu130")],
+    ids=["last-good-manifest", "no-manifest", "manifest-before-lanes"],
 )  # fmt: skip
-def test_quality_plan_keys_the_canary_by_the_lane_it_runs_before_the_change(tmp_path, report, lane):
-    reports = tmp_path / "reports"
-    reports.mkdir()
-    if report is not None:
-        (reports / "gpu-01.json").write_text(json.dumps(report))
+def test_quality_plan_keys_the_canary_by_the_lane_it_runs_before_the_change(tmp_path, manifest, lane):
+    read = {"item": "gpu-01", "failed": manifest is None}
+    if manifest is not None:
+        read["content"] = base64.b64encode(json.dumps(manifest).encode()).decode()
     host = {"ansible_connection": "local", "ml_env_lock": "lab-sim-cu130", "serving_bench_gpu_class": "NVIDIA H200 x2"}
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"gpu-01": host}}}))
     extra = {
         **_plan_task_vars(), "item": "gpu-01", "rollout_models": {"gpu-01": "glm-5"},
-        "rollout_deploy_report_dir": str(reports), "rollout_project_dir": str(REPO),
+        "rollout_quality_lkg_read": {"results": [read]}, "rollout_project_dir": str(REPO),
     }  # fmt: skip
     key = render(tmp_path / "hosts.yml", "gpu-01", "{{ key }}", extra, tmp_path)
     assert key["lane"] == lane
