@@ -17,9 +17,9 @@ description:
   - Runs C(PYTHON -m MODULE --help) once per release (releases are immutable) and caches the output under
     I(cache_dir); returns every option string it prints. The role checks each rendered flag against them.
   - The cache is internal state of the role, so the module never reports a change.
-  - I(environment) (the engine's environment from the inventory, sglang_server_environment) is set for the run, as
-    the unit sets it: an engine whose options depend on it (plugins, the lab's simulator, whose emulated version
-    SGLANG_SIM_ENGINE_VERSION names) prints the help it will parse. It is part of the cache key.
+  - "I(environment) (the engine's environment from the inventory, sglang_server_environment) is set for the run, as
+    the unit sets it; an engine whose options depend on it (plugins, the lab's simulator, whose emulated version
+    SGLANG_SIM_ENGINE_VERSION names) prints the help it will parse. It is part of the cache key."
 options:
   python:
     description: "Python of the ml-env release."
