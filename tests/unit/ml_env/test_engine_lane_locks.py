@@ -1,4 +1,4 @@
-"""The engine lanes' locks (issue 35): sglang-cu130 (CUDA 13.0, the newest sglang) and sglang-cu128-0.5.10 (the CUDA
+"""The engine lanes' locks: sglang-cu130 (CUDA 13.0, the newest sglang) and sglang-cu128-0.5.10 (the CUDA
 12.8 lane's last step), each pinning its engine and saying its CUDA version, whose driver floor the cuda_toolkit
 role's table holds. tests/unit/ml_env/test_ml_env_locks.py checks every lock is complete and hashed."""
 

@@ -1,4 +1,4 @@
-"""Restarts of serving VMs by playbooks/provision.yml, as rollout.yml restarts servers (issue 36, part 4), against
+"""Restarts of serving VMs by playbooks/provision.yml, as rollout.yml restarts servers, against
 the simulated Proxmox VE API (lab/pvesim) on loopback: pending changes applied one VM at a time (provision_serial,
 default 1), each drained first and put back after its start; a failed start (pvesim's fault mode start_fails) stops
 the run with Proxmox VE's message, that VM stopped and out of service and no later VM touched; proxmox_gpu_vm_state

@@ -1,4 +1,4 @@
-"""VM settings admins expect (issue 36, part 3): CPU affinity and one guest NUMA node per host socket of the GPUs,
+"""VM settings admins expect: CPU affinity and one guest NUMA node per host socket of the GPUs,
 keephugepages, hostpci rombar / x-vga / romfile, the MMIO window per GPU class, mapping pools, the start timeout.
 
 What a user sees: the configuration pvesim stored after the role's writes (pvesim accepting it as Proxmox VE

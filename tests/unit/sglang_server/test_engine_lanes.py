@@ -1,4 +1,4 @@
-"""Each engine lane's argument table against that version's REAL parser and --help (issue 35).
+"""Each engine lane's argument table against that version's REAL parser and --help.
 
 The captures (tests/unit/fixtures/sglang-<version>/README.md says how and when) came from throwaway venvs of the lanes'
 hashed locks: sglang 0.5.10.post1 (locks/sglang-cu128-0.5.10) and 0.5.23 (locks/sglang-cu130). The parser dumps are

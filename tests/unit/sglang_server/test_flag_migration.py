@@ -1,4 +1,4 @@
-"""Server flags from one engine lane to another (issue 35): the migration table (module_utils/sglang_flag_migration.py)
+"""Server flags from one engine lane to another: the migration table (module_utils/sglang_flag_migration.py)
 and its filters (plugins/filter/sglang_migrate.py), against the real argument tables of 0.5.9, 0.5.10.post1, 0.5.23."""
 
 from __future__ import annotations

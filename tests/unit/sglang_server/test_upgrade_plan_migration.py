@@ -1,4 +1,4 @@
-"""playbooks/upgrade_plan.yml (issue 35) run for real by ansible-playbook against an inventory whose hosts cannot be
+"""playbooks/upgrade_plan.yml run for real by ansible-playbook against an inventory whose hosts cannot be
 reached (TEST-NET addresses over ssh): the plan reads only the inventory, so it must finish without contacting them.
 It migrates the inventory's layers one by one (filter sglang_migrate_layers), so each change names the variable to
 edit; it does not run the role's `flags` entry point (tests/unit/tools/test_tree_shape.py allows one playbook to).
