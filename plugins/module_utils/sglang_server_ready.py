@@ -71,15 +71,17 @@ CAUSE = re.compile(
 HUNG_LOOK_S = 5.0
 
 
-def hung_after_ready(entries: list, status: int) -> str:
+def hung_after_ready(entries: list, status: int, asked_at: float) -> str:
     """Why an engine that logged "fired up and ready" does not become healthy ('' while nothing says so): after its
-    ready line, a failed health check in its log, or /health answering 503 (an answer: 0.5.9 answers 503 after
-    start-up only when its health generation failed or it is shutting down)."""
+    ready line, a failed health check in its log, or /health answering 503 to a request sent after that line
+    (``asked_at``, epoch; 0.5.9 answers 503 after start-up only when its health generation failed or it is shutting
+    down, but also to a request sent while it was still starting: on a busy host the answer of a poll sent just
+    before the ready line comes after it)."""
     ready_at = next((t["at"] for t in phase_timeline(entries) if t["phase"] == "ready"), None)
     if ready_at is None:
         return ""
     failed = [msg for ts, msg in entries if ts >= ready_at and HEALTH_FAILED.search(msg)]
-    if not failed and status != 503:
+    if not failed and not (status == 503 and asked_at > ready_at):
         return ""
     seen = f"its log says '{failed[-1].strip()[:160]}'" if failed else "/health answered 503"
     return (
@@ -103,6 +105,7 @@ def wait_ready(unit: str, invocation_id: str, n_restarts: int, p: dict, no_log_v
     failure = None
     next_hung_look = time.monotonic() + HUNG_LOOK_S
     while True:
+        asked_at = time.time()
         status, _body, _secs = http("GET", p["url"], timeout=max(p["poll"], 5))
         if status == 200:
             ready_at = time.time()
@@ -122,7 +125,7 @@ def wait_ready(unit: str, invocation_id: str, n_restarts: int, p: dict, no_log_v
             break
         if time.monotonic() >= next_hung_look:
             next_hung_look = time.monotonic() + HUNG_LOOK_S
-            failure = hung_after_ready(journal_lines(unit, invocation_id), status) or None
+            failure = hung_after_ready(journal_lines(unit, invocation_id), status, asked_at) or None
             if failure:
                 break
         elapsed = time.time() - started_at
