@@ -1,0 +1,302 @@
+"""An engine upgrade is a rollout (docs/engine-lanes.md), on ONE lab: 2 server hosts (the RTX PRO 6000 x8 capture,
+driver 570.172.08) + 1 gateway running the Shepherd Model Gateway, the simulated engine on the servers emulating the
+sglang of their lane (lab-sim: 0.5.9, CUDA 12.8; lab-sim-cu130: 0.5.23, CUDA 13.0; lab equipment), the lab's CUDA
+mirror and test hub serving the full pipeline's CUDA toolkit and model.
+
+In order, on the same lab (one bring-up):
+(a) playbooks/upgrade_plan.yml -e upgrade_plan_to=lab-sim-cu130 shows the seed GLM-5 flags' diff (nsa -> dsa) and
+    changes nothing;
+(d) bad input is refused before any change, naming the variable: an unknown lane (ml_env_lock: nope), a driver below
+    the lane's floor (570 for CUDA 13.0, which needs 580.65.06); then the hosts get a 580 driver (their gpusim
+    profile: what a fleet does before it moves to CUDA 13) and a gated upgrade without a baseline for the canary's
+    class is refused naming the lane it runs now (lab-sim: the new lane has no baseline yet);
+(c) the upgrade (rollout_pipeline=full, ml_env_lock=lab-sim-cu130, the migrated flags) with a planted quality drop
+    on the canary (partial-quality) and the gate on halts after the canary, which serves the old lane again (its
+    old release, engine 0.5.9-sim) and is back in the router; the second host is untouched;
+(b) the same upgrade without the fault, under client load through the router: both servers upgraded (deploy reports:
+    engine 0.5.23-sim, the new ml-env release, lane lab-sim-cu130), zero failed client requests.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, ClientThreads, lab, lab_json
+from lab_host import on
+
+sys.path.insert(0, str(ROOT / "tests/support"))
+sys.path.insert(0, str(ROOT / "collections"))
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_flag_migration import (  # noqa: E402
+    migrate_flags,
+)
+from gpufleet_testinfra import run_playbook  # noqa: E402
+
+NAME = "t-upgrade"
+KEY = "gpufleet-lab-router-key-not-a-secret"  # the lab's router key (inventory/lab/group_vars)
+ROUTER_PORT = 30000
+WORK = ROOT / "tmp" / NAME  # two levels under the project: the lab group_vars' inventory_dir paths resolve
+SERVERS = [f"{NAME}-01", f"{NAME}-02"]
+CANARY, SECOND = SERVERS
+GATEWAY = f"{NAME}-router-01"
+BASELINES = WORK / "baselines"
+EXTRA_ENV = {"MOLECULE_EPHEMERAL_DIRECTORY": str(WORK / "eph"), "GPUFLEET_ROOT": str(ROOT)}
+GROUP_VARS = ROOT / "inventory/lab/group_vars/gpufleet_lab"
+SEED_GPU_CLASS = yaml.safe_load((GROUP_VARS / "sglang_server.yml").read_text())["sglang_server_args_gpu_class"]
+MIGRATED = migrate_flags(SEED_GPU_CLASS, "0.5.9", "0.5.23")
+NEW_DRIVER = "580.95.05"
+
+
+def play(playbook: str, extra: dict | None = None, timeout: int = 900):
+    proc = run_playbook(
+        playbook, extra_vars=extra, inventory=WORK / "hosts.yml", log_dir=WORK, env=EXTRA_ENV, timeout=timeout
+    )
+    (WORK / f"{Path(playbook).stem}-{time.monotonic_ns()}.log").write_text(proc.stdout + proc.stderr)
+    return proc
+
+
+def common_extra(**more) -> dict:
+    return {
+        "sglang_server_report_dir": str(WORK / "reports/deploy"),
+        "rollout_deploy_report_dir": str(WORK / "reports/deploy"),
+        "rollout_report_dir": str(WORK / "reports/rollout"),
+        "rollout_quality_gate_baseline_dir": str(BASELINES),
+        "rollout_serial": [1, "100%"],
+        "rollout_max_unavailable": 1,
+        **more,
+    }
+
+
+def upgrade(**more) -> dict:
+    """The move to the CUDA 13 lane as the plan says: the lock and the migrated flags (the CUDA toolkit follows the
+    lane in the lab inventory), through the full pipeline (a lock change is a new ml-env release)."""
+    return common_extra(
+        rollout_pipeline="full", ml_env_lock="lab-sim-cu130", sglang_server_args_gpu_class=MIGRATED["flags"], **more
+    )
+
+
+def unit_state(host: dict) -> dict:
+    out = on(host, "sha256sum /etc/systemd/system/sglang-server.service | cut -c1-64; "
+                   "systemctl show -p ExecMainStartTimestampMonotonic --value sglang-server")  # fmt: skip
+    sha, start = out.split()
+    return {"sha": sha, "start": start}
+
+
+def unit_text(host: dict) -> str:
+    return on(host, "cat /etc/systemd/system/sglang-server.service")
+
+
+def server_info(host: dict) -> dict:
+    return json.loads(on(host, "curl -s http://127.0.0.1:8000/get_server_info"))
+
+
+def healthy_urls(address: str) -> list[str]:
+    conn = http.client.HTTPConnection(address, ROUTER_PORT, timeout=10)
+    conn.request("GET", "/workers", headers={"Authorization": f"Bearer {KEY}"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    return sorted(w["url"].rstrip("/") for w in json.loads(resp.read())["workers"] if w["is_healthy"])
+
+
+def seen(proc) -> str:
+    """What the operator reads, whitespace folded: the YAML result format quotes messages ('' for ')."""
+    return " ".join((proc.stdout + proc.stderr).split()).replace("''", "'")
+
+
+def report(host: str) -> dict:
+    return json.loads((WORK / "reports/deploy" / f"{host}.json").read_text())
+
+
+class Load(ClientThreads):
+    """Continuous chat completions through the router (streaming long ones and short plain ones)."""
+
+    def __init__(self, address: str, workers: int = 6):
+        self.address = address
+        self.ok = 0
+        self.failures: list[str] = []
+        self.lock = threading.Lock()
+        super().__init__(workers)
+
+    def _one(self, index: int, n: int) -> None:
+        stream = index % 2 == 0
+        body = {
+            "model": "glm-5",
+            "messages": [{"role": "user", "content": f"load {index}-{n}: tell me about engine upgrades"}],
+            "max_tokens": 300 if stream else 16,
+            "ignore_eos": stream,
+            "stream": stream,
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+        conn = http.client.HTTPConnection(self.address, ROUTER_PORT, timeout=60)
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read().decode(errors="replace")
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {data[:200]}")
+        if stream and not data.rstrip().endswith("data: [DONE]"):
+            raise RuntimeError(f"stream cut: {data[-200:]}")
+
+    def _run(self, index: int) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            try:
+                self._one(index, n)
+                with self.lock:
+                    self.ok += 1
+            except Exception as e:  # noqa: BLE001 - every failure is counted and shown
+                with self.lock:
+                    self.failures.append(f"{type(e).__name__}: {e}")
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    if os.environ.get("GPUFLEET_REUSE_LAB") and (WORK / "hosts.yml").exists():  # test development only
+        yield {h["name"]: h for h in json.loads(lab("--name", NAME, "instances").stdout)}
+        return
+    lab("--name", NAME, "down", check=False)
+    WORK.mkdir(parents=True, exist_ok=True)
+    (WORK / "host_vars").mkdir(exist_ok=True)
+    # a former lab of this name left its hosts' facts in the controller's fact cache (ansible.cfg): model_weights_path
+    # from a full-pipeline run would point the fresh hosts' server at a model they do not have
+    facts = [*(ROOT / ".cache/facts").glob(f"*{NAME}-*")]
+    reports = [*WORK.glob("reports/*/*.json")]
+    for stale in [*(WORK / "host_vars").glob("*.yml"), *BASELINES.glob("*.json"), *reports, *facts]:
+        stale.unlink()
+    link = WORK / "group_vars"
+    if not link.is_symlink():
+        link.symlink_to(ROOT / "inventory/lab/group_vars")
+    subprocess.run(["make", "-s", "router-wheelhouse"], cwd=ROOT, check=True, timeout=300)
+    subprocess.run([sys.executable, "locks/update_locks.py", "wheelhouse"], cwd=ROOT, check=True, timeout=300)
+    try:
+        up = lab_json("--name", NAME, "up", "--hosts", "2", "--routers", "1", "--inventory", str(WORK / "hosts.yml"))
+        hosts = {h["name"]: h for h in up["hosts"]}
+        lab("--name", NAME, "cuda-mirror", "up")
+        lab("--name", NAME, "testhub", "up")
+        prep = play("roles/sglang_server/molecule/shared/prepare.yml")
+        assert prep.returncode == 0, prep.stdout[-3000:]
+        deploy = play("playbooks/deploy_server.yml", extra=common_extra(sglang_server_serial=2))
+        assert deploy.returncode == 0, deploy.stdout[-3000:]
+        router = play("playbooks/router.yml")
+        assert router.returncode == 0, router.stdout[-3000:]
+        yield hosts
+    finally:
+        if not os.environ.get("GPUFLEET_KEEP_LAB"):
+            lab("--name", NAME, "down", check=False)
+
+
+def test_a_the_plan_shows_the_seed_flags_on_the_cuda_13_lane_and_changes_nothing(fleet):
+    before = {h: unit_state(fleet[h]) for h in SERVERS}
+    proc = play("playbooks/upgrade_plan.yml", extra={"upgrade_plan_to": "lab-sim-cu130"})
+    out = seen(proc)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "lane lab-sim (sglang 0.5.9, CUDA 12.8) -> lab-sim-cu130 (sglang 0.5.23, CUDA 13.0)" in out
+    assert "- --nsa-decode-backend trtllm" in out and "+ --dsa-decode-backend trtllm # NSA is called DSA" in out
+    assert "changed=0" in out and "changed=1" not in out
+    assert {h: unit_state(fleet[h]) for h in SERVERS} == before
+    for h in SERVERS:
+        assert server_info(fleet[h])["version"] == "0.5.9-sim"
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [({"ml_env_lock": "nope"},
+      ["ROLLOUT REFUSED before any change: ", "ml_env_lock 'nope' names no lock folder under ",
+       "set ml_env_lock to one of ", "lab-sim-cu130"]),
+     ({},
+      ["ROLLOUT REFUSED before any change: ", "cuda_toolkit_version 13.0 (lane lab-sim-cu130): NVIDIA driver "
+       "570.172.08 is older than 580.65.06, the minimum for CUDA 13.0: upgrade the driver first"])],
+    ids=["unknown-lane", "driver-below-the-lanes-floor"],
+)  # fmt: skip
+def test_d_bad_input_is_refused_before_any_change_naming_the_variable(fleet, extra, words):
+    before = {h: unit_state(fleet[h]) for h in SERVERS}
+    proc = play("playbooks/rollout.yml", extra={**upgrade(), **extra})
+    out = seen(proc)
+    assert proc.returncode != 0
+    for word in words:
+        assert word in out, proc.stdout[-3000:]
+    assert {h: unit_state(fleet[h]) for h in SERVERS} == before
+    assert healthy_urls(fleet[GATEWAY]["address"]) == sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+
+
+def test_d_the_hosts_get_a_580_driver_then_a_gate_without_baseline_names_the_lane_they_run(fleet):
+    for h in SERVERS:  # the driver upgrade a fleet does before CUDA 13 (the simulated driver: the gpusim profile)
+        on(fleet[h], f"sed -i 's/\"driver_version\": \"570.172.08\"/\"driver_version\": \"{NEW_DRIVER}\"/' "
+                     "/etc/gpusim/profile/profile.json")  # fmt: skip
+        assert f"Driver Version: {NEW_DRIVER}" in on(fleet[h], "nvidia-smi")
+    before = {h: unit_state(fleet[h]) for h in SERVERS}
+    proc = play("playbooks/rollout.yml", extra=upgrade(rollout_quality_gate_enabled=True))
+    out = seen(proc)
+    assert proc.returncode != 0
+    assert f"ROLLOUT REFUSED before any change: quality gate (rollout_quality_gate_enabled): {CANARY}" in out
+    # the canary runs lane lab-sim now: that lane's baseline judges the upgrade (lab-sim-cu130 has none yet)
+    assert "model 'glm-5', lane 'lab-sim'): no quality baseline at " in out, proc.stdout[-3000:]
+    assert {h: unit_state(fleet[h]) for h in SERVERS} == before
+
+
+def test_c_a_quality_drop_on_the_upgraded_canary_rolls_it_back_to_the_old_lane(fleet):
+    proc = play("playbooks/rollout.yml", extra=common_extra(rollout_quality_gate_write_baseline=True))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert [p.name for p in BASELINES.glob("*.json")] == [next(BASELINES.glob("*--glm-5--lab-sim.json")).name]
+    env = yaml.safe_load((GROUP_VARS / "sglang_server.yml").read_text())["sglang_server_environment"]
+    fault_env = {**env, "SGLANG_SIM_FAULT": "partial-quality=0.5"}
+    (WORK / "host_vars" / f"{CANARY}.yml").write_text(yaml.safe_dump({"sglang_server_environment": fault_env}))
+    before = {h: unit_state(fleet[h]) for h in SERVERS}
+    canary_unit = unit_text(fleet[CANARY])
+    old_release = report(CANARY)["versions"]["ml_env_release_id"]
+    try:
+        proc = play("playbooks/rollout.yml", extra=upgrade(rollout_quality_gate_enabled=True), timeout=1200)
+    finally:
+        (WORK / "host_vars" / f"{CANARY}.yml").unlink()
+    out = seen(proc)
+    assert proc.returncode != 0
+    assert f"ROLLOUT STOPPED at batch 1: {CANARY} failed" in out, proc.stdout[-4000:]
+    rollout = json.loads((WORK / "reports/rollout/last.json").read_text())
+    assert rollout["hosts"] == {CANARY: "quality_rolled_back", SECOND: "untouched"}
+    verdict = rollout["quality_gate"][CANARY]
+    assert verdict["ok"] is False and verdict["rolled_back"] is True and verdict["baseline_score"] == 1.0
+    assert rollout["messages"][CANARY].startswith(f"QUALITY GATE REFUSED {CANARY} (")
+    # the canary serves the old lane again: its unit as before the run, its old release, engine 0.5.9-sim
+    assert unit_text(fleet[CANARY]) == canary_unit
+    assert unit_state(fleet[CANARY])["start"] != before[CANARY]["start"]
+    assert server_info(fleet[CANARY])["version"] == "0.5.9-sim"
+    deploy = report(CANARY)
+    assert deploy["result"] == "rolled_back"
+    assert (deploy["versions"]["engine"], deploy["versions"]["ml_env_release_id"], deploy["versions"]["lane"]) == (
+        "0.5.9-sim",
+        old_release,
+        "lab-sim",
+    )
+    assert unit_state(fleet[SECOND]) == before[SECOND]
+    assert healthy_urls(fleet[GATEWAY]["address"]) == sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+
+
+def test_b_the_upgrade_under_load_reaches_both_servers_without_a_failed_request(fleet):
+    old = {h: report(h)["versions"]["ml_env_release_id"] for h in SERVERS}
+    with Load(fleet[GATEWAY]["address"]) as load:
+        time.sleep(2)
+        proc = play("playbooks/rollout.yml", extra=upgrade(rollout_quality_gate_enabled=True), timeout=1200)
+        time.sleep(2)
+    out = seen(proc)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert f"QUALITY GATE PASSED {CANARY}: score 1.000 (38/38 exact) against the baseline 1.000" in out
+    rollout = json.loads((WORK / "reports/rollout/last.json").read_text())
+    assert rollout["result"] == "ok" and rollout["hosts"] == {CANARY: "updated", SECOND: "updated"}
+    for h in SERVERS:
+        versions = report(h)["versions"]
+        assert versions["engine"] == "0.5.23-sim" and versions["lane"] == "lab-sim-cu130"
+        assert versions["ml_env_release_id"] != old[h] and versions["ml_env_release"].startswith("/opt/ml-env/")
+        assert server_info(fleet[h])["version"] == "0.5.23-sim"
+        unit = unit_text(fleet[h])
+        assert "--dsa-decode-backend trtllm" in unit and "--nsa-decode-backend" not in unit
+    assert load.failures == [], load.failures[:5]
+    assert load.ok > 20
+    assert healthy_urls(fleet[GATEWAY]["address"]) == sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
