@@ -12,20 +12,12 @@ from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as f
 from ansible_collections.gpufleet.fleet.plugins.filter.sglang_migrate import FilterModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_flag_migration as m
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_args_table import load_table, table_versions
+from seed_flags import SEED_GLM5_FLAGS  # tests/support
 
 REPO = Path(__file__).resolve().parents[3]
 FILTERS = FilterModule().filters()
 migrate, diff, lane = FILTERS["sglang_migrate_flags"], FILTERS["sglang_migrate_diff"], FILTERS["sglang_migrate_lane"]
 NEWEST = table_versions()[-1]
-# The seed's GLM-5 launch as gpufleet renders it (tests/unit/sglang_server/test_real_help.py), comm flags included.
-SEED = {
-    "host": "0.0.0.0", "port": 8000, "tp-size": 8, "mem-fraction-static": 0.92, "attention-backend": "flashinfer",
-    "fp8-gemm-backend": "cutlass", "nsa-decode-backend": "trtllm", "nsa-prefill-backend": "trtllm",
-    "moe-runner-backend": "flashinfer_cutlass", "enable-flashinfer-allreduce-fusion": True,
-    "model": "lukealonso/GLM-5-NVFP4", "served-model-name": "glm-5", "reasoning-parser": "glm45",
-    "tool-call-parser": "glm47", "trust-remote-code": True, "max-running-requests": 64, "kv-cache-dtype": "auto",
-    "quantization": "modelopt_fp4", "disable-custom-all-reduce": True,
-}  # fmt: skip
 
 
 def inventory_flags(*files: str) -> dict:
@@ -39,7 +31,7 @@ def inventory_flags(*files: str) -> dict:
 
 
 def test_the_seeds_glm5_flags_reach_the_newest_lane_with_nothing_unknown():
-    result = migrate(SEED, "0.5.9", NEWEST)
+    result = migrate(SEED_GLM5_FLAGS, "0.5.9", NEWEST)
     assert result["unmapped"] == []
     flags = result["flags"]
     assert flags["dsa-decode-backend"] == flags["dsa-prefill-backend"] == "trtllm"
@@ -70,10 +62,10 @@ def test_the_seeds_glm5_flags_reach_the_newest_lane_with_nothing_unknown():
 
 
 def test_the_newest_flags_go_back_to_the_seeds_exactly():
-    forward = migrate(SEED, "0.5.9", NEWEST)["flags"]
+    forward = migrate(SEED_GLM5_FLAGS, "0.5.9", NEWEST)["flags"]
     back = migrate(forward, NEWEST, "0.5.9")
     assert back["unmapped"] == []
-    assert list(back["flags"].items()) == list(SEED.items())
+    assert list(back["flags"].items()) == list(SEED_GLM5_FLAGS.items())
     assert {c["option"] for c in back["changes"]} == {
         "--dsa-decode-backend", "--dsa-prefill-backend", "--enable-flashinfer-allreduce-fusion",
     }  # fmt: skip
@@ -81,10 +73,10 @@ def test_the_newest_flags_go_back_to_the_seeds_exactly():
 
 
 def test_the_cuda_12_step_takes_the_seeds_flags_as_they_are():
-    result = migrate(SEED, "0.5.9", "0.5.10.post1")
-    assert result == {"flags": SEED, "changes": [], "unmapped": []}
+    result = migrate(SEED_GLM5_FLAGS, "0.5.9", "0.5.10.post1")
+    assert result == {"flags": SEED_GLM5_FLAGS, "changes": [], "unmapped": []}
     onward = migrate(result["flags"], "0.5.10.post1", NEWEST)
-    assert onward["flags"] == migrate(SEED, "0.5.9", NEWEST)["flags"]
+    assert onward["flags"] == migrate(SEED_GLM5_FLAGS, "0.5.9", NEWEST)["flags"]
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from seed_flags import SEED_GLM5_FLAGS  # tests/support
+
 REPO = Path(__file__).resolve().parents[3]
 
 from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as f  # noqa: E402
@@ -27,15 +29,6 @@ PARSER_DUMP = json.loads(SIM_DUMP.read_text())
 # sha256 of that capture's arguments in comparable() form (canonical JSON, sorted keys), taken from the capture
 # itself (tests/unit/fixtures/sglang-0.5.9/parser-dump.json until it was deleted as a second copy).
 REAL_ARGUMENTS_SHA256 = "4c65836e604f9d6999191264de1e4809ddf128163061da4df18cd67d1dd1185e"
-# The seed's launch as gpufleet renders it (exact names; the seed's --tp written as --tp-size).
-SEED_ARGS = {
-    "host": "0.0.0.0", "port": 8000, "tp-size": 8, "mem-fraction-static": 0.92, "attention-backend": "flashinfer",
-    "fp8-gemm-backend": "cutlass", "nsa-decode-backend": "trtllm", "nsa-prefill-backend": "trtllm",
-    "moe-runner-backend": "flashinfer_cutlass", "enable-flashinfer-allreduce-fusion": True,
-    "model": "lukealonso/GLM-5-NVFP4", "served-model-name": "glm-5", "reasoning-parser": "glm45",
-    "tool-call-parser": "glm47", "trust-remote-code": True, "max-running-requests": 64, "kv-cache-dtype": "auto",
-    "quantization": "modelopt_fp4", "disable-custom-all-reduce": True,
-}  # fmt: skip
 
 
 def real_options() -> set[str]:
@@ -94,7 +87,7 @@ def test_the_simulators_dump_is_the_real_parser():
 
 
 def test_the_seeds_flags_are_exact_options_of_the_real_engine():
-    assert f.sglang_flag_problems(SEED_ARGS, f.sglang_help_options(HELP)) == []
+    assert f.sglang_flag_problems(SEED_GLM5_FLAGS, f.sglang_help_options(HELP)) == []
 
 
 def test_typos_and_abbreviations_are_refused_against_the_real_help():
