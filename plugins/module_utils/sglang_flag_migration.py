@@ -209,8 +209,13 @@ RULES: list[dict] = [
 # these is reported unmapped with the reason (the operator decides). ``since``: the first version with a table where
 # the option is absent; ``source``: where the last version with it defines it. Together with RULES this covers every
 # option that disappears between two consecutive tables (tests/unit/sglang_server/test_flag_migration.py).
-_GONE_510 = "absent from 0.5.10.post1's parser (server-args-0.5.10.post1.json); 0.5.9 sglang/srt/server_args.py:"
-_GONE_523 = "absent from 0.5.23's parser (server-args-0.5.23.json); 0.5.10.post1 sglang/srt/server_args.py:"
+
+# A gone option's source, by the first version whose parser lacks it (the line is in the version before's).
+_GONE_FROM = {
+    "0.5.10.post1": "absent from 0.5.10.post1's parser (server-args-0.5.10.post1.json); "
+    "0.5.9 sglang/srt/server_args.py:",
+    "0.5.23": "absent from 0.5.23's parser (server-args-0.5.23.json); 0.5.10.post1 sglang/srt/server_args.py:",
+}
 _NO_REPLACEMENT = "removed; sglang's source names no replacement"
 _PIECEWISE = (
     "the piecewise CUDA graph is the prefill-phase CUDA graph in 0.5.23 (--cuda-graph-backend-prefill, "
@@ -221,89 +226,62 @@ _PREFILL_CP = (
     "prefill context parallelism is --enable-prefill-cp with --cp-strategy zigzag|interleave in 0.5.23 "
     "(fields/parallel.py:153-163); the old split modes have no one-to-one value"
 )
+_NGRAM_TRIE = "ngram speculative decoding is trie-based from 0.5.10: no one-to-one value"
+_DOUBLE_SPARSITY = "double-sparsity attention is gone"
+
+
+def _gone(since: str, why: str, line: int) -> dict:
+    """A RETIRED entry: absent from the parser of ``since``; ``line``: its server_args.py line in the version before."""
+    return {"since": since, "why": why, "source": _GONE_FROM[since] + str(line)}
+
+
 RETIRED: dict[str, dict] = {
-    "--disable-hicache-numa-detect": {"since": "0.5.10.post1", "why": _NO_REPLACEMENT, "source": _GONE_510 + "4299"},
-    "--disaggregation-decode-dp": {"since": "0.5.10.post1", "why": _NO_REPLACEMENT, "source": _GONE_510 + "4868"},
-    "--disaggregation-decode-tp": {"since": "0.5.10.post1", "why": _NO_REPLACEMENT, "source": _GONE_510 + "4862"},
-    "--disaggregation-prefill-pp": {"since": "0.5.10.post1", "why": _NO_REPLACEMENT, "source": _GONE_510 + "4874"},
-    "--mm-max-concurrent-calls": {"since": "0.5.10.post1", "why": _NO_REPLACEMENT, "source": _GONE_510 + "5003"},
-    "--mm-per-request-timeout": {"since": "0.5.10.post1", "why": _NO_REPLACEMENT, "source": _GONE_510 + "5009"},
-    "--speculative-ngram-branch-length": {
-        "since": "0.5.10.post1",
-        "why": "ngram speculative decoding is trie-based from 0.5.10 (--speculative-ngram-max-trie-depth, "
+    "--disable-hicache-numa-detect": _gone("0.5.10.post1", _NO_REPLACEMENT, 4299),
+    "--disaggregation-decode-dp": _gone("0.5.10.post1", _NO_REPLACEMENT, 4868),
+    "--disaggregation-decode-tp": _gone("0.5.10.post1", _NO_REPLACEMENT, 4862),
+    "--disaggregation-prefill-pp": _gone("0.5.10.post1", _NO_REPLACEMENT, 4874),
+    "--mm-max-concurrent-calls": _gone("0.5.10.post1", _NO_REPLACEMENT, 5003),
+    "--mm-per-request-timeout": _gone("0.5.10.post1", _NO_REPLACEMENT, 5009),
+    "--speculative-ngram-branch-length": _gone(
+        "0.5.10.post1",
+        "ngram speculative decoding is trie-based from 0.5.10 (--speculative-ngram-max-trie-depth, "
         "--speculative-ngram-*-bfs-breadth): no one-to-one value",
-        "source": _GONE_510 + "4057",
-    },
-    "--speculative-ngram-max-match-window-size": {
-        "since": "0.5.10.post1",
-        "why": "ngram speculative decoding is trie-based from 0.5.10: no one-to-one value",
-        "source": _GONE_510 + "4032",
-    },
-    "--speculative-ngram-min-match-window-size": {
-        "since": "0.5.10.post1",
-        "why": "ngram speculative decoding is trie-based from 0.5.10: no one-to-one value",
-        "source": _GONE_510 + "4026",
-    },
-    "--collect-tokens-histogram": {"since": "0.5.23", "why": _NO_REPLACEMENT, "source": _GONE_523 + "4359"},
-    "--custom-sigquit-handler": {"since": "0.5.23", "why": _NO_REPLACEMENT, "source": _GONE_523 + "4234"},
-    "--debug-tensor-dump-inject": {"since": "0.5.23", "why": _NO_REPLACEMENT, "source": _GONE_523 + "5735"},
-    "--enable-double-sparsity": {
-        "since": "0.5.23",
-        "why": "double-sparsity attention is gone",
-        "source": _GONE_523 + "5259",
-    },
-    "--ds-channel-config-path": {
-        "since": "0.5.23",
-        "why": "double-sparsity attention is gone",
-        "source": _GONE_523 + "5264",
-    },
-    "--ds-heavy-channel-num": {
-        "since": "0.5.23",
-        "why": "double-sparsity attention is gone",
-        "source": _GONE_523 + "5270",
-    },
-    "--ds-heavy-token-num": {
-        "since": "0.5.23",
-        "why": "double-sparsity attention is gone",
-        "source": _GONE_523 + "5276",
-    },
-    "--ds-heavy-channel-type": {
-        "since": "0.5.23",
-        "why": "double-sparsity attention is gone",
-        "source": _GONE_523 + "5282",
-    },
-    "--ds-sparse-decode-threshold": {
-        "since": "0.5.23",
-        "why": "double-sparsity attention is gone",
-        "source": _GONE_523 + "5288",
-    },
-    "--enable-expert-distribution-metrics": {"since": "0.5.23", "why": _NO_REPLACEMENT, "source": _GONE_523 + "5011"},
-    "--enable-nan-detection": {
-        "since": "0.5.23",
-        "why": "deprecated in 0.5.10 for the environment variables SGLANG_SPEC_NAN_DETECTION=1 and "
+        4057,
+    ),
+    "--speculative-ngram-max-match-window-size": _gone("0.5.10.post1", _NGRAM_TRIE, 4032),
+    "--speculative-ngram-min-match-window-size": _gone("0.5.10.post1", _NGRAM_TRIE, 4026),
+    "--collect-tokens-histogram": _gone("0.5.23", _NO_REPLACEMENT, 4359),
+    "--custom-sigquit-handler": _gone("0.5.23", _NO_REPLACEMENT, 4234),
+    "--debug-tensor-dump-inject": _gone("0.5.23", _NO_REPLACEMENT, 5735),
+    "--enable-double-sparsity": _gone("0.5.23", _DOUBLE_SPARSITY, 5259),
+    "--ds-channel-config-path": _gone("0.5.23", _DOUBLE_SPARSITY, 5264),
+    "--ds-heavy-channel-num": _gone("0.5.23", _DOUBLE_SPARSITY, 5270),
+    "--ds-heavy-token-num": _gone("0.5.23", _DOUBLE_SPARSITY, 5276),
+    "--ds-heavy-channel-type": _gone("0.5.23", _DOUBLE_SPARSITY, 5282),
+    "--ds-sparse-decode-threshold": _gone("0.5.23", _DOUBLE_SPARSITY, 5288),
+    "--enable-expert-distribution-metrics": _gone("0.5.23", _NO_REPLACEMENT, 5011),
+    "--enable-nan-detection": _gone(
+        "0.5.23",
+        "deprecated in 0.5.10 for the environment variables SGLANG_SPEC_NAN_DETECTION=1 and "
         "SGLANG_SPEC_OOB_DETECTION=1 (its help), gone in 0.5.23: set them in sglang_server_environment",
-        "source": _GONE_523 + "5520",
-    },
-    "--enable-nsa-prefill-context-parallel": {"since": "0.5.23", "why": _PREFILL_CP, "source": _GONE_523 + "5650"},
-    "--nsa-prefill-cp-mode": {"since": "0.5.23", "why": _PREFILL_CP, "source": _GONE_523 + "5655"},
-    "--prefill-cp-mode": {"since": "0.5.23", "why": _PREFILL_CP, "source": _GONE_523 + "5668"},
-    "--enforce-piecewise-cuda-graph": {"since": "0.5.23", "why": _PIECEWISE, "source": _GONE_523 + "5484"},
-    "--piecewise-cuda-graph-tokens": {"since": "0.5.23", "why": _PIECEWISE, "source": _GONE_523 + "5489"},
-    "--piecewise-cuda-graph-compiler": {"since": "0.5.23", "why": _PIECEWISE, "source": _GONE_523 + "5495"},
-    "--piecewise-cuda-graph-max-tokens": {"since": "0.5.23", "why": _PIECEWISE, "source": _GONE_523 + "5508"},
-    "--hybrid-kvcache-ratio": {
-        "since": "0.5.23",
-        "why": "a no-op (DeprecatedAction) already in 0.5.9 and 0.5.10, whose help names --swa-full-tokens-ratio",
-        "source": _GONE_523 + "4030",
-    },
-    "--prefill-round-robin-balance": {
-        "since": "0.5.23",
-        "why": "a no-op (DeprecatedAction) already in 0.5.9 and 0.5.10",
-        "source": _GONE_523 + "4545",
-    },
-    "--keep-mm-feature-on-device": {"since": "0.5.23", "why": _NO_REPLACEMENT, "source": _GONE_523 + "5606"},
-    "--multi-item-scoring-delimiter": {"since": "0.5.23", "why": _NO_REPLACEMENT, "source": _GONE_523 + "5328"},
-    "--torchao-config": {"since": "0.5.23", "why": _NO_REPLACEMENT, "source": _GONE_523 + "5514"},
+        5520,
+    ),
+    "--enable-nsa-prefill-context-parallel": _gone("0.5.23", _PREFILL_CP, 5650),
+    "--nsa-prefill-cp-mode": _gone("0.5.23", _PREFILL_CP, 5655),
+    "--prefill-cp-mode": _gone("0.5.23", _PREFILL_CP, 5668),
+    "--enforce-piecewise-cuda-graph": _gone("0.5.23", _PIECEWISE, 5484),
+    "--piecewise-cuda-graph-tokens": _gone("0.5.23", _PIECEWISE, 5489),
+    "--piecewise-cuda-graph-compiler": _gone("0.5.23", _PIECEWISE, 5495),
+    "--piecewise-cuda-graph-max-tokens": _gone("0.5.23", _PIECEWISE, 5508),
+    "--hybrid-kvcache-ratio": _gone(
+        "0.5.23",
+        "a no-op (DeprecatedAction) already in 0.5.9 and 0.5.10, whose help names --swa-full-tokens-ratio",
+        4030,
+    ),
+    "--prefill-round-robin-balance": _gone("0.5.23", "a no-op (DeprecatedAction) already in 0.5.9 and 0.5.10", 4545),
+    "--keep-mm-feature-on-device": _gone("0.5.23", _NO_REPLACEMENT, 5606),
+    "--multi-item-scoring-delimiter": _gone("0.5.23", _NO_REPLACEMENT, 5328),
+    "--torchao-config": _gone("0.5.23", _NO_REPLACEMENT, 5514),
 }
 
 
