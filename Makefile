@@ -135,7 +135,9 @@ lab-tests:
 
 # The two halves of the lab tests that `make test` runs side by side (there, 2026-12-02: the rest 19 min, the
 # fleet rollout and the lab tool's lifecycle tests 15-16 min; the monitoring scenario, about 7 min, joined the second).
-LAB_TESTS_2 := tests/lab/test_rollout.py tests/lab/test_lab_lifecycle.py tests/lab/test_lab_parallel_up.py tests/lab/test_monitoring.py
+# 2026-12-05: the engine upgrade (about 6 min) joined the second, the quality gate (about 4 min) the first.
+LAB_TESTS_2 := tests/lab/test_rollout.py tests/lab/test_lab_lifecycle.py tests/lab/test_lab_parallel_up.py tests/lab/test_monitoring.py \
+  tests/lab/test_engine_upgrade.py
 lab-tests-1:
 	$(if $(NO_PRUNE),,python -m gpufleet_lab prune)
 	pytest tests/lab $(addprefix --ignore=,$(LAB_TESTS_2)) --durations=10
