@@ -265,7 +265,7 @@ def test_c_a_quality_drop_on_the_upgraded_canary_rolls_it_back_to_the_old_lane(f
     assert verdict["ok"] is False and verdict["rolled_back"] is True and verdict["baseline_score"] == 1.0
     assert rollout["messages"][CANARY].startswith(f"QUALITY GATE REFUSED {CANARY} (")
     # the canary serves the old lane again: its unit as before the run, its old release, engine 0.5.9-sim
-    assert unit_text(fleet[CANARY]) == canary_unit
+    assert unit_text(fleet[CANARY]) == canary_unit and "SGLANG_SIM_ENGINE_VERSION=0.5.9" in canary_unit
     assert unit_state(fleet[CANARY])["start"] != before[CANARY]["start"]
     assert server_info(fleet[CANARY])["version"] == "0.5.9-sim"
     deploy = report(CANARY)
@@ -297,6 +297,9 @@ def test_b_the_upgrade_under_load_reaches_both_servers_without_a_failed_request(
         assert server_info(fleet[h])["version"] == "0.5.23-sim"
         unit = unit_text(fleet[h])
         assert "--dsa-decode-backend trtllm" in unit and "--nsa-decode-backend" not in unit
+        # the lane's CUDA, installed by the full pipeline (the lab mirror's 13.0 wheels), and the emulated engine
+        assert "CUDA_HOME=/usr/local/cuda-13.0" in unit and "SGLANG_SIM_ENGINE_VERSION=0.5.23" in unit
+        assert "release 13.0" in on(fleet[h], "/usr/local/cuda-13.0/bin/nvcc --version")
     assert load.failures == [], load.failures[:5]
     assert load.ok > 20
     assert healthy_urls(fleet[GATEWAY]["address"]) == sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
