@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lab"))
 
+from pvesim.hardware import HOST_NUMA, cloud_template, gpu_cards, host_bridge, vfio_bound  # noqa: E402
 from pvesim.server import PveSim, PveSimServer  # noqa: E402
 
 PROVISION_INVENTORY = ROOT / "inventory/examples/proxmox/provision.yml"
@@ -35,69 +36,22 @@ GPUS = {"0000:81:00": 0, "0000:82:00": 0, "0000:c1:00": 1, "0000:c2:00": 1}  # b
 
 def demo_cluster(password: str) -> dict:
     """One PVE 8.4 node as the provisioning example expects it: pve1 with four GPUs and the template debian12-cloud."""
-    pci = [{"id": "0000:00:00.0", "class": "0x060000", "vendor": "0x1022", "device": "0x14a4", "iommugroup": 0}]
-    for i, bus in enumerate(GPUS):
-        pci.append(
-            {
-                "id": f"{bus}.0",
-                "class": "0x030000",
-                "vendor": "0x10de",
-                "vendor_name": "NVIDIA Corporation",
-                "device": "0x2bb1",
-                "device_name": "GB202GL [RTX PRO 6000 Blackwell Server Edition]",
-                "subsystem_vendor": "0x10de",
-                "subsystem_device": "0x204b",
-                "iommugroup": 40 + i,
-                "mdev": 0,
-            }
-        )
-        pci.append(
-            {
-                "id": f"{bus}.1",
-                "class": "0x040300",
-                "vendor": "0x10de",
-                "vendor_name": "NVIDIA Corporation",
-                "device": "0x22e8",
-                "device_name": "GB202 High Definition Audio Controller",
-                "iommugroup": 40 + i,
-            }
-        )
+    pci = [host_bridge(), *gpu_cards(GPUS, 40)]
     return {
         "version": "8.4.1",
         "nodes": {
             "pve1": {
                 "pci": pci,
-                "drivers": {f"{bus}.1": "vfio-pci" for bus in GPUS},
-                # two sockets, one NUMA node each (sysfs on a real node; playbooks/proxmox_node_check.yml reads it)
-                "numa": {0: "0-31,64-95", 1: "32-63,96-127"},
+                "drivers": vfio_bound(pci),
+                # sysfs on a real node; playbooks/proxmox_node_check.yml reads it
+                "numa": HOST_NUMA,
             }
         },
         "storages": {"local-lvm": {"type": "lvmthin", "content": "images,rootdir", "shared": 0}},
         "mappings": [],
         "users": {"root@pam": password},
         "tokens": {},
-        "vms": [
-            {
-                "vmid": 9000,
-                "node": "pve1",
-                "template": 1,
-                "config": {
-                    "name": "debian12-cloud",
-                    "template": 1,
-                    "ostype": "l26",
-                    "scsihw": "virtio-scsi-single",
-                    "scsi0": "local-lvm:base-9000-disk-0,iothread=1,size=64G",
-                    "ide2": "local-lvm:vm-9000-cloudinit,media=cdrom",
-                    "net0": "virtio=BC:24:11:00:90:00,bridge=vmbr0",
-                    "boot": "order=scsi0",
-                    "serial0": "socket",
-                    "vga": "serial0",
-                    "cores": 2,
-                    "memory": "2048",
-                    "agent": "1",
-                },
-            }
-        ],
+        "vms": [cloud_template("local-lvm")],
     }
 
 

@@ -16,6 +16,7 @@ nothing and allows any field).
 from __future__ import annotations
 
 import json
+import operator
 import re
 from pathlib import Path
 
@@ -53,6 +54,16 @@ class PropertyStringError(Exception):
 def perl_re(pattern: str) -> str:
     """A Perl pattern as apidata.js prints it ('(?^:...)', '(?^i:...)') in Python syntax."""
     return re.sub(r"\(\?\^([a-z]*):", lambda m: f"(?{m[1]}:" if m[1] else "(?:", pattern)
+
+
+# The length and range limits of a scalar, in the order PVE checks them (the range only of a value that is a number):
+# (schema key, what is measured, the comparison that fails, the message with the limit)
+BOUNDS = (
+    ("maxLength", len, operator.gt, "value may only be {} characters long"),
+    ("minLength", len, operator.lt, "value must be at least {} characters long"),
+    ("maximum", float, operator.gt, "value must have a maximum value of {}"),
+    ("minimum", float, operator.lt, "value must have a minimum value of {}"),
+)
 
 
 def is_number(v: str) -> bool:  # PC:1163-1168
@@ -127,18 +138,9 @@ class Schema:
         if "pattern" in spec and not re.fullmatch(perl_re(spec["pattern"]).removeprefix("^").removesuffix("$"), value):
             errors[path] = "value does not match the regex pattern"
             return
-        if "maxLength" in spec and len(value) > spec["maxLength"]:
-            errors[path] = f"value may only be {spec['maxLength']} characters long"
-            return
-        if "minLength" in spec and len(value) < spec["minLength"]:
-            errors[path] = f"value must be at least {spec['minLength']} characters long"
-            return
-        if is_number(value):
-            if "maximum" in spec and float(value) > spec["maximum"]:
-                errors[path] = f"value must have a maximum value of {spec['maximum']}"
-                return
-            if "minimum" in spec and float(value) < spec["minimum"]:
-                errors[path] = f"value must have a minimum value of {spec['minimum']}"
+        for key, measure, beyond, message in BOUNDS:
+            if key in spec and (measure is len or is_number(value)) and beyond(measure(value), spec[key]):
+                errors[path] = message.format(spec[key])
                 return
         if "enum" in spec and value not in spec["enum"]:
             errors[path] = f"value '{value}' does not have a value in the enumeration '{', '.join(spec['enum'])}'"

@@ -57,28 +57,20 @@ written:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.community.proxmox.plugins.module_utils.proxmox import (  # noqa: E402
-    ProxmoxAnsible,
-    proxmox_auth_argument_spec,
+from ansible_collections.gpufleet.fleet.plugins.module_utils.proxmox_gpu_vm_api import (  # noqa: E402
+    proxmox_api,
+    proxmox_module,
 )
 
 KNOWN = ("affinity", "keephugepages")
 
 
 def main() -> None:
-    spec = proxmox_auth_argument_spec()
-    spec.update(
+    module = proxmox_module(
         vmid=dict(type="int", required=True),
         node=dict(type="str", required=True),
         set=dict(type="dict", default={}),
         delete=dict(type="list", elements="str", default=[]),
-    )
-    module = AnsibleModule(
-        argument_spec=spec,
-        supports_check_mode=True,
-        required_one_of=[("api_password", "api_token_id")],
-        required_together=[("api_token_id", "api_token_secret")],
     )
     p = module.params
     unknown = sorted((set(p["set"]) | set(p["delete"])) - set(KNOWN))
@@ -92,9 +84,9 @@ def main() -> None:
     params = {k: str(v) for k, v in p["set"].items()}
     if p["delete"]:
         params["delete"] = ",".join(p["delete"])
-    px = ProxmoxAnsible(module)
+    api = proxmox_api(module)
     try:
-        px.proxmox_api.nodes(p["node"]).qemu(p["vmid"]).config.put(**params)
+        api.nodes(p["node"]).qemu(p["vmid"]).config.put(**params)
     except Exception as e:  # noqa: BLE001 - the API's message is the useful part
         module.fail_json(msg=f"VM {p['vmid']} on {p['node']}: writing {', '.join(sorted(params))} failed: {e}")
     module.exit_json(changed=True, written=written)

@@ -64,10 +64,9 @@ cluster:
 
 import re  # noqa: E402
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.community.proxmox.plugins.module_utils.proxmox import (  # noqa: E402
-    ProxmoxAnsible,
-    proxmox_auth_argument_spec,
+from ansible_collections.gpufleet.fleet.plugins.module_utils.proxmox_gpu_vm_api import (  # noqa: E402
+    proxmox_api,
+    proxmox_module,
 )
 
 HOSTPCI_RE = re.compile(r"^hostpci\d+$")
@@ -136,23 +135,16 @@ def read_cluster(api, nodes: list[str], vmids: list[int], templates: list[str], 
 
 
 def main() -> None:
-    spec = proxmox_auth_argument_spec()
-    spec.update(
+    module = proxmox_module(
         nodes=dict(type="list", elements="str", default=[]),
         vmids=dict(type="list", elements="int", default=[]),
         templates=dict(type="list", elements="str", default=[]),
         agent=dict(type="bool", default=False),
     )
-    module = AnsibleModule(
-        argument_spec=spec,
-        supports_check_mode=True,
-        required_one_of=[("api_password", "api_token_id")],
-        required_together=[("api_token_id", "api_token_secret")],
-    )
-    px = ProxmoxAnsible(module)
+    api = proxmox_api(module)
     p = module.params
     try:
-        out = read_cluster(px.proxmox_api, p["nodes"], p["vmids"], p["templates"], p["agent"])
+        out = read_cluster(api, p["nodes"], p["vmids"], p["templates"], p["agent"])
     except Exception as e:  # noqa: BLE001 - the API's message is the useful part
         module.fail_json(msg=f"reading the Proxmox VE cluster failed: {e}")
     module.exit_json(changed=False, cluster=out)

@@ -74,10 +74,9 @@ log_tail:
 
 import time  # noqa: E402
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.community.proxmox.plugins.module_utils.proxmox import (  # noqa: E402
-    ProxmoxAnsible,
-    proxmox_auth_argument_spec,
+from ansible_collections.gpufleet.fleet.plugins.module_utils.proxmox_gpu_vm_api import (  # noqa: E402
+    proxmox_api,
+    proxmox_module,
 )
 
 
@@ -99,21 +98,14 @@ def wait_task(api, node: str, upid: str, timeout: int, sleep=time.sleep, clock=t
 
 
 def main() -> None:
-    spec = proxmox_auth_argument_spec()
-    spec.update(
+    module = proxmox_module(
         node=dict(type="str", required=True),
         vmid=dict(type="int", required=True),
         state=dict(type="str", choices=["started", "stopped"], required=True),
         timeout=dict(type="int", default=300),
     )
-    module = AnsibleModule(
-        argument_spec=spec,
-        supports_check_mode=True,
-        required_one_of=[("api_password", "api_token_id")],
-        required_together=[("api_token_id", "api_token_secret")],
-    )
     p = module.params
-    api = ProxmoxAnsible(module).proxmox_api
+    api = proxmox_api(module)
     q = api.nodes(p["node"]).qemu(p["vmid"])
     try:
         before = q.status.current.get()["status"]

@@ -1,43 +1,14 @@
 """The simulated cluster of the proxmox tests: two GPU nodes, a template on shared storage, a VM owned by someone else.
 
-Every GPU is alone in its IOMMU group with its audio function, which the hosts bind to vfio-pci as well (as
-`options vfio-pci ids=10de:2bb1,10de:22e8` does); local-lvm is each node's own storage, ceph-vm is shared.
+The devices and the template are pvesim.hardware's (lab/pvesim/hardware.py, which `make proxmox-demo` builds on too);
+local-lvm is each node's own storage, ceph-vm is shared.
 """
 
 from __future__ import annotations
 
-
-def gpu(bus: str, iommu: int) -> dict:
-    # Shape of GET /nodes/{node}/hardware/pci on a host with RTX PRO 6000 Blackwell cards (class 0x030000).
-    return {
-        "id": bus,
-        "class": "0x030000",
-        "vendor": "0x10de",
-        "vendor_name": "NVIDIA Corporation",
-        "device": "0x2bb1",
-        "device_name": "GB202GL [RTX PRO 6000 Blackwell Server Edition]",
-        "subsystem_vendor": "0x10de",
-        "subsystem_device": "0x204b",
-        "iommugroup": iommu,
-        "mdev": 0,
-    }
-
-
-def audio(bus: str, iommu: int) -> dict:
-    return {
-        "id": bus,
-        "class": "0x040300",
-        "vendor": "0x10de",
-        "vendor_name": "NVIDIA Corporation",
-        "device": "0x22e8",
-        "device_name": "GB202 High Definition Audio Controller",
-        "iommugroup": iommu,
-    }
-
+from pvesim.hardware import HOST_NUMA, cloud_template, gpu_cards, host_bridge, nic, vfio_bound
 
 PVE1_GPUS = ["0000:81:00", "0000:82:00", "0000:a1:00", "0000:a2:00"]
-# Both nodes: two sockets, one NUMA node each (/sys/devices/system/node/nodeN/cpulist; not in the API)
-HOST_NUMA = {0: "0-31,64-95", 1: "32-63,96-127"}
 PVE2_GPUS = ["0000:c1:00", "0000:c2:00"]
 
 TOKEN_ID = "root@pam!gpufleet"
@@ -45,32 +16,17 @@ TOKEN_SECRET = "5e5c2e7a-token-secret-must-never-show"
 PASSWORD = "pw-must-never-show-7f3a"
 
 
-def nic(bus: str, iommu: int) -> dict:
-    return {
-        "id": bus,
-        "class": "0x020000",
-        "vendor": "0x15b3",
-        "vendor_name": "Mellanox Technologies",
-        "device": "0x101d",
-        "device_name": "MT2892 Family [ConnectX-6 Dx]",
-        "iommugroup": iommu,
-    }
-
-
 def cluster(version: str = "8.4.1") -> dict:
-    pve1 = [d for i, b in enumerate(PVE1_GPUS) for d in (gpu(b + ".0", 40 + i), audio(b + ".1", 40 + i))]
-    pve2 = [d for i, b in enumerate(PVE2_GPUS) for d in (gpu(b + ".0", 60 + i), audio(b + ".1", 60 + i))]
-    base = {"id": "0000:00:00.0", "class": "0x060000", "vendor": "0x1022", "device": "0x14a4", "iommugroup": 0}
-    vfio = lambda devs: {d["id"]: "vfio-pci" for d in devs if d["class"] == "0x040300"}  # noqa: E731
+    pve1, pve2 = gpu_cards(PVE1_GPUS, 40), gpu_cards(PVE2_GPUS, 60)
     return {
         "version": version,
         "nodes": {
             "pve1": {
-                "pci": [base, *pve1, nic("0000:01:00.0", 10)],
-                "drivers": vfio(pve1) | {"0000:01:00.0": "mlx5_core"},
+                "pci": [host_bridge(), *pve1, nic("0000:01:00.0", 10)],
+                "drivers": vfio_bound(pve1) | {"0000:01:00.0": "mlx5_core"},
                 "numa": HOST_NUMA,
             },
-            "pve2": {"pci": [base, *pve2], "drivers": vfio(pve2), "numa": HOST_NUMA},
+            "pve2": {"pci": [host_bridge(), *pve2], "drivers": vfio_bound(pve2), "numa": HOST_NUMA},
         },
         "storages": {
             "local-lvm": {"type": "lvmthin", "content": "images,rootdir", "shared": 0},
@@ -91,26 +47,7 @@ def cluster(version: str = "8.4.1") -> dict:
         "users": {"root@pam": PASSWORD},
         "tokens": {TOKEN_ID: TOKEN_SECRET},
         "vms": [
-            {
-                "vmid": 9000,
-                "node": "pve1",
-                "template": 1,
-                "config": {
-                    "name": "debian12-cloud",
-                    "template": 1,
-                    "ostype": "l26",
-                    "scsihw": "virtio-scsi-single",
-                    "scsi0": "ceph-vm:base-9000-disk-0,iothread=1,size=64G",
-                    "ide2": "ceph-vm:vm-9000-cloudinit,media=cdrom",
-                    "net0": "virtio=BC:24:11:00:90:00,bridge=vmbr0",
-                    "boot": "order=scsi0",
-                    "serial0": "socket",
-                    "vga": "serial0",
-                    "cores": 2,
-                    "memory": "2048",
-                    "agent": "1",
-                },
-            },
+            cloud_template("ceph-vm"),
             {
                 "vmid": 150,
                 "node": "pve2",

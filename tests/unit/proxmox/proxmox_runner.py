@@ -6,11 +6,13 @@ from __future__ import annotations
 import copy
 import os
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
-from cluster import PASSWORD, inventory
-from pvesim.server import PveSimServer
+from cluster import PASSWORD, cluster, inventory
+from pvesim.server import PveSim, PveSimServer
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -50,3 +52,10 @@ class Runner:
 
     def writes(self) -> list[dict]:
         return self.server.sim.writes
+
+
+@contextmanager
+def simulated_cluster(tmp: Path) -> Iterator[tuple[PveSimServer, Runner]]:
+    """pvesim serving the tests' cluster on loopback, and a Runner of the test inventory against it (files in tmp)."""
+    with PveSimServer(PveSim(cluster()), tmp) as server:
+        yield server, Runner(server, tmp)

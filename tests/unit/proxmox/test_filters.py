@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import test_pve_rules_contract as contract
 from ansible_collections.gpufleet.fleet.plugins.filter import proxmox_gpu_vm as pgv
 from ansible_collections.gpufleet.fleet.plugins.filter import proxmox_gpu_vm_pve_rules as rules
 
@@ -37,30 +38,9 @@ def test_pending_keys_include_pending_deletes():
 
 
 def _spec(**kw) -> dict:
-    spec = {
-        "name": "gpu-a1",
-        "node": "pve1",
-        "vmid": 201,
-        "template": "tmpl",
-        "template_node": "pve1",
-        "storage": "local-lvm",
-        "cores": 4,
-        "sockets": 1,
-        "memory": 8192,
-        "cpu": "host",
-        "machine": "q35",
-        "bios": "ovmf",
-        "hugepages": "1024",
-        "numa_node": 0,
-        "gpus": [{"bus": "0000:81:00.0"}],
-        "mmio64_mb": 0,
-        "clique": False,
-        "ciuser": "u",
-        "ipconfig0": "ip=dhcp",
-        "tags": ["gpufleet"],
-        "auth": "root@pam password",
-    }
-    return spec | kw
+    """gpu-a1's spec as test_pve_rules_contract builds it, from the template tmpl, without the MMIO window unless kw
+    sets one."""
+    return contract.spec(**({"template": "tmpl", "mmio64_mb": 0} | kw))
 
 
 def _dev(bus: str, group: int, cls: str = "0x030000") -> dict:

@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 
 import pytest
-from cluster import PASSWORD, TOKEN_SECRET, cluster
-from proxmox_runner import ROOT, Runner
-from pvesim.server import PveSim, PveSimServer
+from cluster import PASSWORD, TOKEN_SECRET
+from proxmox_runner import ROOT, simulated_cluster
+from pvesim.server import PveSim
 
 HERE = Path(__file__).parent
 SSHKEYS = "ssh-ed25519%20AAAAC3NzaC1lZDI1NTE5AAAAIGpufleetTestKey%20ops%40gpufleet"
@@ -74,8 +74,7 @@ def start_stop_writes(writes: list[dict]) -> list[tuple[str, str]]:
 def scenario(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("provision")
     out = {}
-    with PveSimServer(PveSim(cluster()), tmp) as server:
-        r = Runner(server, tmp)
+    with simulated_cluster(tmp) as (server, r):
         r.hosts()["gpu-a1"]["proxmox_gpu_vm_gpudirect_clique"] = True
         out["first"] = r.run("playbooks/provision.yml", "-v")
         out["first_configs"] = {v: config_of(server.sim, v) for v in (201, 202, 203)}

@@ -14,9 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-from cluster import PASSWORD, TOKEN_SECRET, cluster
-from proxmox_runner import Runner
-from pvesim.server import PveSim, PveSimServer
+from cluster import PASSWORD, TOKEN_SECRET
+from proxmox_runner import Runner, simulated_cluster
 
 HERE = Path(__file__).parent
 FAULT = "kvm: failed to allocate 131072 MiB of 1 GiB hugepages on host NUMA node 0"
@@ -59,8 +58,7 @@ def hooks(tmp: Path, name: str) -> tuple[tuple[str, ...], Path, Path]:
 def scenario(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("restarts")
     out = {}
-    with PveSimServer(PveSim(cluster()), tmp) as server:
-        r = Runner(server, tmp)
+    with simulated_cluster(tmp) as (server, r):
         out["provision"] = r.run()
         # every VM gets a change that waits for a full stop and start (vCPUs: cores and the NUMA binding)
         for h in r.hosts().values():

@@ -14,9 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from cluster import cluster
-from proxmox_runner import Runner
-from pvesim.server import PveSim, PveSimServer
+from proxmox_runner import Runner, simulated_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 from test_router_drain import loads_answer, router  # noqa: E402, F401 (the stand-in router fixture)
@@ -77,8 +75,7 @@ def power(writes) -> list[str]:
 
 @pytest.fixture
 def scenario(router, worker, tmp_path):  # noqa: F811 (the imported fixture)
-    with PveSimServer(PveSim(cluster()), tmp_path) as server:
-        r = Runner(server, tmp_path)
+    with simulated_cluster(tmp_path) as (server, r):
         urls = fleet(r, tmp_path, router["url"], worker["url"])
         by_url = {u: n for n, u in urls.items()}
         out = {"first": r.run()}

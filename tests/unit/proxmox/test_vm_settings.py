@@ -16,8 +16,8 @@ import pytest
 import test_pve_rules_contract as contract
 from ansible_collections.gpufleet.fleet.plugins.filter import proxmox_gpu_vm as pgv
 from cluster import HOST_NUMA, TOKEN_ID, TOKEN_SECRET, cluster
-from proxmox_runner import Runner
-from pvesim.server import ApiError, PveSim, PveSimServer
+from proxmox_runner import simulated_cluster
+from pvesim.server import ApiError, PveSim
 
 TOKEN_AUTH = contract.TOKEN_AUTH
 
@@ -158,12 +158,7 @@ BOTH = {
 
 @pytest.mark.parametrize("case", sorted(BOTH))
 def test_role_and_pvesim_refuse_the_same_setting(case):
-    setup, role_says, pve_says = BOTH[case]
-    sim = pool_sim()
-    s = setup()
-    problems = contract.role_problems(sim, s)
-    assert any(role_says in p for p in problems), problems
-    assert sim.writes == []
+    sim, s, pve_says = contract.role_refuses_case(BOTH[case], pool_sim())
     if "x_vga" in str(s["gpus"]):  # the role renders booleans as 0/1: show pvesim's refusal of the value itself
         s = s | {"gpus": [{"bus": "0000:81:00.0"}]}
         conf = pgv.desired_config(s) | {"hostpci0": "0000:81:00.0,pcie=1,x-vga=2"}
@@ -317,8 +312,7 @@ def test_start_timeout_is_qemu_servers_config_aware_timeout_plus_a_margin():
 
 
 def test_playbook_writes_the_settings_and_a_second_run_writes_nothing(tmp_path):
-    with PveSimServer(PveSim(cluster()), tmp_path) as server:
-        r = Runner(server, tmp_path)
+    with simulated_cluster(tmp_path) as (server, r):
         h = r.hosts()["gpu-a1"]
         h.update(
             proxmox_gpu_vm_sockets=2,
