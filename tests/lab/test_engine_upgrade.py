@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
+import fleet_lab
 import pytest
 import yaml
-from conftest import ROOT, ClientThreads, lab, lab_json
+from conftest import ROOT, ClientThreads
+from fleet_lab import ROUTER_PORT, healthy_urls, seen, unit_state, unit_text
 from lab_host import on
 
 sys.path.insert(0, str(ROOT / "tests/support"))
@@ -38,11 +37,8 @@ sys.path.insert(0, str(ROOT / "collections"))
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_flag_migration import (  # noqa: E402
     migrate_flags,
 )
-from gpufleet_testinfra import run_playbook  # noqa: E402
 
 NAME = "t-upgrade"
-KEY = "gpufleet-lab-router-key-not-a-secret"  # the lab's router key (inventory/lab/group_vars)
-ROUTER_PORT = 30000
 WORK = ROOT / "tmp" / NAME  # two levels under the project: the lab group_vars' inventory_dir paths resolve
 SERVERS = [f"{NAME}-01", f"{NAME}-02"]
 CANARY, SECOND = SERVERS
@@ -55,24 +51,11 @@ MIGRATED = migrate_flags(SEED_GPU_CLASS, "0.5.9", "0.5.23")
 NEW_DRIVER = "580.95.05"
 
 
-def play(playbook: str, extra: dict | None = None, timeout: int = 900):
-    proc = run_playbook(
-        playbook, extra_vars=extra, inventory=WORK / "hosts.yml", log_dir=WORK, env=EXTRA_ENV, timeout=timeout
-    )
-    (WORK / f"{Path(playbook).stem}-{time.monotonic_ns()}.log").write_text(proc.stdout + proc.stderr)
-    return proc
-
-
 def common_extra(**more) -> dict:
-    return {
-        "sglang_server_report_dir": str(WORK / "reports/deploy"),
-        "rollout_deploy_report_dir": str(WORK / "reports/deploy"),
-        "rollout_report_dir": str(WORK / "reports/rollout"),
-        "rollout_quality_gate_baseline_dir": str(BASELINES),
-        "rollout_serial": [1, "100%"],
-        "rollout_max_unavailable": 1,
-        **more,
-    }
+    return fleet_lab.canary_rollout_extra(WORK, **more)
+
+
+play = fleet_lab.runner(WORK, EXTRA_ENV, timeout=900)
 
 
 def upgrade(**more) -> dict:
@@ -83,32 +66,8 @@ def upgrade(**more) -> dict:
     )
 
 
-def unit_state(host: dict) -> dict:
-    out = on(host, "sha256sum /etc/systemd/system/sglang-server.service | cut -c1-64; "
-                   "systemctl show -p ExecMainStartTimestampMonotonic --value sglang-server")  # fmt: skip
-    sha, start = out.split()
-    return {"sha": sha, "start": start}
-
-
-def unit_text(host: dict) -> str:
-    return on(host, "cat /etc/systemd/system/sglang-server.service")
-
-
 def server_info(host: dict) -> dict:
     return json.loads(on(host, "curl -s http://127.0.0.1:8000/get_server_info"))
-
-
-def healthy_urls(address: str) -> list[str]:
-    conn = http.client.HTTPConnection(address, ROUTER_PORT, timeout=10)
-    conn.request("GET", "/workers", headers={"Authorization": f"Bearer {KEY}"})
-    resp = conn.getresponse()
-    assert resp.status == 200
-    return sorted(w["url"].rstrip("/") for w in json.loads(resp.read())["workers"] if w["is_healthy"])
-
-
-def seen(proc) -> str:
-    """What the operator reads, whitespace folded: the YAML result format quotes messages ('' for ')."""
-    return " ".join((proc.stdout + proc.stderr).split()).replace("''", "'")
 
 
 def report(host: str) -> dict:
@@ -159,38 +118,12 @@ class Load(ClientThreads):
 
 @pytest.fixture(scope="module")
 def fleet():
-    if os.environ.get("GPUFLEET_REUSE_LAB") and (WORK / "hosts.yml").exists():  # test development only
-        yield {h["name"]: h for h in json.loads(lab("--name", NAME, "instances").stdout)}
-        return
-    lab("--name", NAME, "down", check=False)
-    WORK.mkdir(parents=True, exist_ok=True)
-    (WORK / "host_vars").mkdir(exist_ok=True)
     # a former lab of this name left its hosts' facts in the controller's fact cache (ansible.cfg): model_weights_path
     # from a full-pipeline run would point the fresh hosts' server at a model they do not have
     facts = [*(ROOT / ".cache/facts").glob(f"*{NAME}-*")]
-    reports = [*WORK.glob("reports/*/*.json")]
-    for stale in [*(WORK / "host_vars").glob("*.yml"), *BASELINES.glob("*.json"), *reports, *facts]:
-        stale.unlink()
-    link = WORK / "group_vars"
-    if not link.is_symlink():
-        link.symlink_to(ROOT / "inventory/lab/group_vars")
-    subprocess.run(["make", "-s", "router-wheelhouse"], cwd=ROOT, check=True, timeout=300)
-    subprocess.run([sys.executable, "locks/update_locks.py", "wheelhouse"], cwd=ROOT, check=True, timeout=300)
-    try:
-        up = lab_json("--name", NAME, "up", "--hosts", "2", "--routers", "1", "--inventory", str(WORK / "hosts.yml"))
-        hosts = {h["name"]: h for h in up["hosts"]}
-        lab("--name", NAME, "cuda-mirror", "up")
-        lab("--name", NAME, "testhub", "up")
-        prep = play("roles/sglang_server/molecule/shared/prepare.yml")
-        assert prep.returncode == 0, prep.stdout[-3000:]
-        deploy = play("playbooks/deploy_server.yml", extra=common_extra(sglang_server_serial=2))
-        assert deploy.returncode == 0, deploy.stdout[-3000:]
-        router = play("playbooks/router.yml")
-        assert router.returncode == 0, router.stdout[-3000:]
-        yield hosts
-    finally:
-        if not os.environ.get("GPUFLEET_KEEP_LAB"):
-            lab("--name", NAME, "down", check=False)
+    stale = [*BASELINES.glob("*.json"), *WORK.glob("reports/*/*.json"), *facts]
+    extra = common_extra(sglang_server_serial=2)
+    yield from fleet_lab.fleet_up(NAME, WORK, play, extra, 2, 1, stale=stale, equipment=True)
 
 
 def test_a_the_plan_shows_the_seed_flags_on_the_cuda_13_lane_and_changes_nothing(fleet):

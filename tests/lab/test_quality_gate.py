@@ -16,25 +16,19 @@ In order, on the same lab (one bring-up):
 
 from __future__ import annotations
 
-import http.client
 import json
-import os
-import subprocess
 import sys
-import time
-from pathlib import Path
 
+import fleet_lab
 import pytest
 import yaml
-from conftest import ROOT, lab, lab_json
+from conftest import ROOT
+from fleet_lab import healthy_urls, seen, unit_state, unit_text
 from lab_host import on
 
 sys.path.insert(0, str(ROOT / "tests/support"))
-from gpufleet_testinfra import run_playbook  # noqa: E402
 
 NAME = "t-quality"
-KEY = "gpufleet-lab-router-key-not-a-secret"  # the lab's router key (inventory/lab/group_vars)
-ROUTER_PORT = 30000
 WORK = ROOT / "tmp" / NAME  # two levels under the project: the lab group_vars' inventory_dir paths resolve
 SERVERS = [f"{NAME}-01", f"{NAME}-02"]
 CANARY, SECOND = SERVERS
@@ -45,47 +39,15 @@ EVAL_SET = json.loads((ROOT / "roles/rollout/files/quality_eval/gpufleet-eval-v1
 CHANGE = {"chunked-prefill-size": 8192}
 
 
-def play(playbook: str, extra: dict | None = None, timeout: int = 600):
-    proc = run_playbook(
-        playbook, extra_vars=extra, inventory=WORK / "hosts.yml", log_dir=WORK, env=EXTRA_ENV, timeout=timeout
-    )
-    (WORK / f"{Path(playbook).stem}-{time.monotonic_ns()}.log").write_text(proc.stdout + proc.stderr)
-    return proc
-
-
 def common_extra(**more) -> dict:
-    return {
-        "sglang_server_report_dir": str(WORK / "reports/deploy"),
-        "rollout_deploy_report_dir": str(WORK / "reports/deploy"),
-        "rollout_report_dir": str(WORK / "reports/rollout"),
-        "rollout_quality_gate_baseline_dir": str(BASELINES),
-        "rollout_serial": [1, "100%"],
-        "rollout_max_unavailable": 1,
-        **more,
-    }
+    return fleet_lab.canary_rollout_extra(WORK, **more)
+
+
+play = fleet_lab.runner(WORK, EXTRA_ENV)
 
 
 def gated(**more) -> dict:
     return common_extra(rollout_quality_gate_enabled=True, sglang_server_args_host=CHANGE, **more)
-
-
-def unit_state(host: dict) -> dict:
-    out = on(host, "sha256sum /etc/systemd/system/sglang-server.service | cut -c1-64; "
-                   "systemctl show -p ExecMainStartTimestampMonotonic --value sglang-server")  # fmt: skip
-    sha, start = out.split()
-    return {"sha": sha, "start": start}
-
-
-def unit_text(host: dict) -> str:
-    return on(host, "cat /etc/systemd/system/sglang-server.service")
-
-
-def healthy_urls(address: str) -> list[str]:
-    conn = http.client.HTTPConnection(address, ROUTER_PORT, timeout=10)
-    conn.request("GET", "/workers", headers={"Authorization": f"Bearer {KEY}"})
-    resp = conn.getresponse()
-    assert resp.status == 200
-    return sorted(w["url"].rstrip("/") for w in json.loads(resp.read())["workers"] if w["is_healthy"])
 
 
 def lock_files(hosts: dict) -> dict:
@@ -96,38 +58,10 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def seen(proc) -> str:
-    """What the operator reads, whitespace folded: the YAML result format quotes messages ('' for ')."""
-    return flat(proc.stdout + proc.stderr).replace("''", "'")
-
-
 @pytest.fixture(scope="module")
 def fleet():
-    if os.environ.get("GPUFLEET_REUSE_LAB") and (WORK / "hosts.yml").exists():  # test development only
-        yield {h["name"]: h for h in json.loads(lab("--name", NAME, "instances").stdout)}
-        return
-    lab("--name", NAME, "down", check=False)
-    WORK.mkdir(parents=True, exist_ok=True)
-    (WORK / "host_vars").mkdir(exist_ok=True)
-    for stale in [*(WORK / "host_vars").glob("*.yml"), *BASELINES.glob("*.json")]:
-        stale.unlink()
-    link = WORK / "group_vars"
-    if not link.is_symlink():
-        link.symlink_to(ROOT / "inventory/lab/group_vars")
-    subprocess.run(["make", "-s", "router-wheelhouse"], cwd=ROOT, check=True, timeout=300)
-    try:
-        up = lab_json("--name", NAME, "up", "--hosts", "2", "--routers", "1", "--inventory", str(WORK / "hosts.yml"))
-        hosts = {h["name"]: h for h in up["hosts"]}
-        prep = play("roles/sglang_server/molecule/shared/prepare.yml")
-        assert prep.returncode == 0, prep.stdout[-3000:]
-        deploy = play("playbooks/deploy_server.yml", extra=common_extra(sglang_server_serial=2))
-        assert deploy.returncode == 0, deploy.stdout[-3000:]
-        router = play("playbooks/router.yml")
-        assert router.returncode == 0, router.stdout[-3000:]
-        yield hosts
-    finally:
-        if not os.environ.get("GPUFLEET_KEEP_LAB"):
-            lab("--name", NAME, "down", check=False)
+    stale = [*BASELINES.glob("*.json")]
+    yield from fleet_lab.fleet_up(NAME, WORK, play, common_extra(sglang_server_serial=2), 2, 1, stale=stale)
 
 
 def test_a_gated_rollout_without_a_baseline_is_refused_before_any_change(fleet):

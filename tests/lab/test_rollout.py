@@ -27,24 +27,22 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
+import fleet_lab
 import pytest
 import yaml
-from conftest import ROOT, ClientThreads, lab, lab_json
+from conftest import ROOT, ClientThreads
+from fleet_lab import KEY, ROUTER_PORT, healthy_urls, router_workers, unit_state, unit_text
 from lab_host import on
 
 sys.path.insert(0, str(ROOT / "tests/support"))
-from gpufleet_testinfra import changed_tasks, playbook_env, recap, run_playbook  # noqa: E402
+from gpufleet_testinfra import changed_tasks, playbook_env, recap  # noqa: E402
 
 NAME = "t-rollout"
-KEY = "gpufleet-lab-router-key-not-a-secret"  # the lab's router key (inventory/lab/group_vars)
-ROUTER_PORT = 30000
 WORK = ROOT / "tmp" / NAME  # two levels under the project: the lab group_vars' inventory_dir paths resolve
 SERVERS = [f"{NAME}-0{i}" for i in range(1, 5)]
 GATEWAYS = [f"{NAME}-router-01", f"{NAME}-router-02"]  # two gateways, each with every healthy worker
@@ -54,23 +52,11 @@ GATEWAY = GATEWAYS[0]
 EXTRA_ENV = {"MOLECULE_EPHEMERAL_DIRECTORY": str(WORK / "eph"), "GPUFLEET_ROOT": str(ROOT)}
 
 
-def play(playbook: str, *args: str, extra: dict | None = None, timeout: int = 600):
-    proc = run_playbook(
-        playbook, *args, extra_vars=extra, inventory=WORK / "hosts.yml", log_dir=WORK,
-        env=EXTRA_ENV,
-        timeout=timeout,
-    )  # fmt: skip
-    (WORK / f"{Path(playbook).stem}-{time.monotonic_ns()}.log").write_text(proc.stdout + proc.stderr)
-    return proc
+play = fleet_lab.runner(WORK, EXTRA_ENV)
 
 
 def common_extra(**more) -> dict:
-    return {
-        "sglang_server_report_dir": str(WORK / "reports/deploy"),
-        "rollout_deploy_report_dir": str(WORK / "reports/deploy"),
-        "rollout_report_dir": str(WORK / "reports/rollout"),
-        **more,
-    }
+    return {**fleet_lab.report_dirs(WORK), **more}
 
 
 def router_delete(address: str, worker_id: str) -> int:
@@ -83,25 +69,6 @@ def router_delete(address: str, worker_id: str) -> int:
 
 def router_view(address: str) -> list[tuple]:
     return sorted((w["id"], w["url"], w["is_healthy"]) for w in router_workers(address))
-
-
-def router_workers(address: str) -> list[dict]:
-    conn = http.client.HTTPConnection(address, ROUTER_PORT, timeout=10)
-    conn.request("GET", "/workers", headers={"Authorization": f"Bearer {KEY}"})
-    resp = conn.getresponse()
-    assert resp.status == 200
-    return json.loads(resp.read())["workers"]
-
-
-def unit_state(host: dict) -> dict:
-    out = on(host, "sha256sum /etc/systemd/system/sglang-server.service | cut -c1-64; "
-                   "systemctl show -p ExecMainStartTimestampMonotonic --value sglang-server")  # fmt: skip
-    sha, start = out.split()
-    return {"sha": sha, "start": start}
-
-
-def unit_text(host: dict) -> str:
-    return on(host, "cat /etc/systemd/system/sglang-server.service")
 
 
 def lock_files(hosts: dict) -> dict:
@@ -185,31 +152,7 @@ class Load(ClientThreads):
 
 @pytest.fixture(scope="module")
 def fleet():
-    if os.environ.get("GPUFLEET_REUSE_LAB") and (WORK / "hosts.yml").exists():  # test development only
-        yield {h["name"]: h for h in json.loads(lab("--name", NAME, "instances").stdout)}
-        return
-    lab("--name", NAME, "down", check=False)
-    WORK.mkdir(parents=True, exist_ok=True)
-    (WORK / "host_vars").mkdir(exist_ok=True)
-    for stale in (WORK / "host_vars").glob("*.yml"):
-        stale.unlink()
-    link = WORK / "group_vars"
-    if not link.is_symlink():
-        link.symlink_to(ROOT / "inventory/lab/group_vars")
-    subprocess.run(["make", "-s", "router-wheelhouse"], cwd=ROOT, check=True, timeout=300)
-    try:
-        up = lab_json("--name", NAME, "up", "--hosts", "4", "--routers", "2", "--inventory", str(WORK / "hosts.yml"))
-        hosts = {h["name"]: h for h in up["hosts"]}
-        prep = play("roles/sglang_server/molecule/shared/prepare.yml")
-        assert prep.returncode == 0, prep.stdout[-3000:]
-        deploy = play("playbooks/deploy_server.yml", extra=common_extra(sglang_server_serial=4))
-        assert deploy.returncode == 0, deploy.stdout[-3000:]
-        router = play("playbooks/router.yml")
-        assert router.returncode == 0, router.stdout[-3000:]
-        yield hosts
-    finally:
-        if not os.environ.get("GPUFLEET_KEEP_LAB"):
-            lab("--name", NAME, "down", check=False)
+    yield from fleet_lab.fleet_up(NAME, WORK, play, common_extra(sglang_server_serial=4), servers=4, routers=2)
 
 
 def test_router_serves_the_fleet_and_keeps_its_key_out_of_argv(fleet):
@@ -259,10 +202,6 @@ REMOVE = """
         urls: ["{{ url }}"]
         workers_file: "{{ record }}"
 """
-
-
-def healthy_urls(address: str) -> list[str]:
-    return sorted(w["url"].rstrip("/") for w in router_workers(address) if w["is_healthy"])
 
 
 def kill_router_and_wait(gw: dict, wanted: list[str], bound_s: float = 30) -> tuple[float, float]:
