@@ -133,3 +133,16 @@ def healthy_urls(address: str) -> list[str]:
 def seen(proc) -> str:
     """What the operator reads, whitespace folded: the YAML result format quotes messages ('' for ')."""
     return " ".join((proc.stdout + proc.stderr).split()).replace("''", "'")
+
+
+def load_request(index: int, n: int, topic: str, stream: bool, max_tokens: int) -> dict:
+    """One chat completion of a client thread's load (thread ``index``, its ``n``th): streamed ones generate
+    ``max_tokens`` tokens (ignore_eos), so they are in flight while a worker is drained."""
+    return {
+        "model": "glm-5",
+        "messages": [{"role": "user", "content": f"load {index}-{n}: tell me about {topic}"}],
+        "max_tokens": max_tokens,
+        "ignore_eos": stream,
+        "stream": stream,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }

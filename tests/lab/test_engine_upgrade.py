@@ -86,14 +86,7 @@ class Load(ClientThreads):
 
     def _one(self, index: int, n: int) -> None:
         stream = index % 2 == 0
-        body = {
-            "model": "glm-5",
-            "messages": [{"role": "user", "content": f"load {index}-{n}: tell me about engine upgrades"}],
-            "max_tokens": 300 if stream else 16,
-            "ignore_eos": stream,
-            "stream": stream,
-            "chat_template_kwargs": {"enable_thinking": False},
-        }
+        body = fleet_lab.load_request(index, n, "engine upgrades", stream, 300 if stream else 16)
         conn = http.client.HTTPConnection(self.address, ROUTER_PORT, timeout=60)
         conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
         resp = conn.getresponse()

@@ -97,14 +97,7 @@ class Load(ClientThreads):
 
     def _one(self, index: int, n: int) -> None:
         stream = index % 3 != 0
-        body = {
-            "model": "glm-5",
-            "messages": [{"role": "user", "content": f"load {index}-{n}: tell me about rolling deploys"}],
-            "max_tokens": 600 if stream else 24,
-            "ignore_eos": stream,
-            "stream": stream,
-            "chat_template_kwargs": {"enable_thinking": False},
-        }
+        body = fleet_lab.load_request(index, n, "rolling deploys", stream, 600 if stream else 24)
         count = len(self.addresses)
         for attempt in range(count):
             address = self.addresses[(index + n + attempt) % count]
