@@ -5,6 +5,7 @@ on, the lab down at the end (GPUFLEET_REUSE_LAB, GPUFLEET_KEEP_LAB: test develop
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+import yaml
 from conftest import ROOT, lab, lab_json
 from lab_host import on
 
@@ -37,6 +39,16 @@ def runner(work: Path, env: dict, timeout: int = 600) -> Callable[..., subproces
 # The lab's router: its API port and control-plane key (inventory/lab/group_vars; not a secret)
 ROUTER_PORT = 30000
 KEY = "gpufleet-lab-router-key-not-a-secret"
+
+
+def canary_lab(name: str) -> tuple:
+    """The names of a lab of two servers (a canary and a second) and one gateway: (work folder, servers, canary,
+    second, gateway, baselines folder, the playbooks' environment). The work folder is two levels under the project,
+    so the lab group_vars' inventory_dir paths resolve."""
+    work = ROOT / "tmp" / name
+    canary, second = f"{name}-01", f"{name}-02"
+    env = {"MOLECULE_EPHEMERAL_DIRECTORY": str(work / "eph"), "GPUFLEET_ROOT": str(ROOT)}
+    return work, [canary, second], canary, second, f"{name}-router-01", work / "baselines", env
 
 
 def report_dirs(work: Path) -> dict:
@@ -146,3 +158,15 @@ def load_request(index: int, n: int, topic: str, stream: bool, max_tokens: int) 
         "stream": stream,
         "chat_template_kwargs": {"enable_thinking": False},
     }
+
+
+@contextlib.contextmanager
+def host_environment(work: Path, host: str, environment: dict) -> Iterator[None]:
+    """``host``'s sglang_server_environment for the block (its host_vars file, removed after): a fault planted on
+    one server for one run."""
+    path = work / "host_vars" / f"{host}.yml"
+    path.write_text(yaml.safe_dump({"sglang_server_environment": environment}))
+    try:
+        yield
+    finally:
+        path.unlink()

@@ -39,12 +39,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_flag_migrati
 )
 
 NAME = "t-upgrade"
-WORK = ROOT / "tmp" / NAME  # two levels under the project: the lab group_vars' inventory_dir paths resolve
-SERVERS = [f"{NAME}-01", f"{NAME}-02"]
-CANARY, SECOND = SERVERS
-GATEWAY = f"{NAME}-router-01"
-BASELINES = WORK / "baselines"
-EXTRA_ENV = {"MOLECULE_EPHEMERAL_DIRECTORY": str(WORK / "eph"), "GPUFLEET_ROOT": str(ROOT)}
+WORK, SERVERS, CANARY, SECOND, GATEWAY, BASELINES, EXTRA_ENV = fleet_lab.canary_lab(NAME)
 GROUP_VARS = ROOT / "inventory/lab/group_vars/gpufleet_lab"
 SEED_GPU_CLASS = yaml.safe_load((GROUP_VARS / "sglang_server.yml").read_text())["sglang_server_args_gpu_class"]
 MIGRATED = migrate_flags(SEED_GPU_CLASS, "0.5.9", "0.5.23")
@@ -174,14 +169,11 @@ def test_c_a_quality_drop_on_the_upgraded_canary_rolls_it_back_to_the_old_lane(f
     assert [p.name for p in BASELINES.glob("*.json")] == [next(BASELINES.glob("*--glm-5--lab-sim.json")).name]
     env = yaml.safe_load((GROUP_VARS / "sglang_server.yml").read_text())["sglang_server_environment"]
     fault_env = {**env, "SGLANG_SIM_FAULT": "partial-quality=0.5"}
-    (WORK / "host_vars" / f"{CANARY}.yml").write_text(yaml.safe_dump({"sglang_server_environment": fault_env}))
     before = {h: unit_state(fleet[h]) for h in SERVERS}
     canary_unit = unit_text(fleet[CANARY])
     old_release = report(CANARY)["versions"]["ml_env_release_id"]
-    try:
+    with fleet_lab.host_environment(WORK, CANARY, fault_env):
         proc = play("playbooks/rollout.yml", extra=upgrade(rollout_quality_gate_enabled=True), timeout=1200)
-    finally:
-        (WORK / "host_vars" / f"{CANARY}.yml").unlink()
     out = seen(proc)
     assert proc.returncode != 0
     assert f"ROLLOUT STOPPED at batch 1: {CANARY} failed" in out, proc.stdout[-4000:]

@@ -29,12 +29,7 @@ from lab_host import on
 sys.path.insert(0, str(ROOT / "tests/support"))
 
 NAME = "t-quality"
-WORK = ROOT / "tmp" / NAME  # two levels under the project: the lab group_vars' inventory_dir paths resolve
-SERVERS = [f"{NAME}-01", f"{NAME}-02"]
-CANARY, SECOND = SERVERS
-GATEWAY = f"{NAME}-router-01"
-BASELINES = WORK / "baselines"
-EXTRA_ENV = {"MOLECULE_EPHEMERAL_DIRECTORY": str(WORK / "eph"), "GPUFLEET_ROOT": str(ROOT)}
+WORK, SERVERS, CANARY, SECOND, GATEWAY, BASELINES, EXTRA_ENV = fleet_lab.canary_lab(NAME)
 EVAL_SET = json.loads((ROOT / "roles/rollout/files/quality_eval/gpufleet-eval-v1.json").read_text())
 CHANGE = {"chunked-prefill-size": 8192}
 
@@ -103,13 +98,10 @@ def test_a_partial_quality_drop_on_the_canary_rolls_it_back_and_stops_the_rollou
     gw = fleet[GATEWAY]
     env = yaml.safe_load((ROOT / "inventory/lab/group_vars/gpufleet_lab/sglang_server.yml").read_text())
     fault_env = {**env["sglang_server_environment"], "SGLANG_SIM_FAULT": "partial-quality=0.5"}
-    (WORK / "host_vars" / f"{CANARY}.yml").write_text(yaml.safe_dump({"sglang_server_environment": fault_env}))
     before = {h: unit_state(fleet[h]) for h in SERVERS}
     canary_unit = unit_text(fleet[CANARY])
-    try:
+    with fleet_lab.host_environment(WORK, CANARY, fault_env):
         proc = play("playbooks/rollout.yml", extra=gated())
-    finally:
-        (WORK / "host_vars" / f"{CANARY}.yml").unlink()
     out = seen(proc)
     assert proc.returncode != 0
     assert f"ROLLOUT STOPPED at batch 1: {CANARY} failed" in out, proc.stdout[-4000:]
