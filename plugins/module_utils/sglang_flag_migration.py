@@ -522,7 +522,32 @@ def _read(path: str) -> str:
         return ""
 
 
+# engine_lane's answers in this process, each with the stat of what it read: a role templates the lane at every
+# reference (about twenty in one task's variables), and a lock's requirements.txt is a few hundred KB of hashes.
+_LANES: dict = {}
+_LANE_FILES = ("lock.yml", "requirements.txt", "requirements.in")
+
+
+def _stamp(path: str):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
 def engine_lane(lock, locks_dir=None, variable="ml_env_lock") -> dict:
+    """The lane of lock ``lock`` (_engine_lane), read again only when the locks folder or the lock's files changed."""
+    lock_s, dir_s = "" if lock is None else str(lock), os.fspath(locks_dir or LOCKS_DIR)
+    stamps = (_stamp(dir_s), *(_stamp(os.path.join(dir_s, lock_s, name)) for name in _LANE_FILES))
+    key = (dir_s, lock_s, variable)
+    cached = _LANES.get(key)
+    if cached is None or cached[0] != stamps:
+        cached = _LANES[key] = (stamps, _engine_lane(lock, locks_dir, variable))
+    return dict(cached[1])
+
+
+def _engine_lane(lock, locks_dir=None, variable="ml_env_lock") -> dict:
     """The lane of lock ``lock`` (a folder of ``locks_dir``, by default the project's or installed collection's locks/,
     LOCKS_DIR): ``{lock, dir, engine_version, cuda_version, table,
     problem}``. ``engine_version`` is the sglang the lock pins (requirements.txt, else requirements.in), else the
@@ -548,19 +573,17 @@ def engine_lane(lock, locks_dir=None, variable="ml_env_lock") -> dict:
     meta = _read(os.path.join(lane["dir"], "lock.yml"))
     cuda = _CUDA_RE.search(meta)
     lane["cuda_version"] = cuda.group(1) if cuda else None
+    pinned = False
     for name in ("requirements.txt", "requirements.in"):
         pin = _PIN_RE.search(_read(os.path.join(lane["dir"], name)))
         if pin:
-            lane["engine_version"] = pin.group(1)
+            lane["engine_version"], pinned = pin.group(1), True
             break
     if lane["engine_version"] is None:
         declared = _ENGINE_RE.search(meta)
         if declared is None:
             return lane
         lane["engine_version"] = declared.group(1)
-    pinned = _PIN_RE.search(_read(os.path.join(lane["dir"], "requirements.txt"))) or _PIN_RE.search(
-        _read(os.path.join(lane["dir"], "requirements.in"))
-    )
     lane["table"] = lane["engine_version"]
     if not os.path.isfile(table_file(lane["engine_version"])):
         lane["problem"] = (

@@ -99,3 +99,20 @@ def test_the_lane_locks_are_resolutions_uv_keeps(name, tmp_path):
     assert fresh["packages"] == committed["packages"]
     for pkg, hashes in committed["hashes"].items():
         assert set(hashes) <= set(fresh["hashes"][pkg]), f"{pkg}: a committed hash is not on the registry"
+
+
+def test_a_lock_changed_in_the_same_process_is_read_again(tmp_path):
+    """engine_lane keeps its answer per lock for the references of one run, but a changed lock.yml (or a new lock
+    folder) is read again, never answered from before."""
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_flag_migration import engine_lane
+
+    lock = tmp_path / "lab-x"
+    lock.mkdir()
+    (lock / "lock.yml").write_text('engine_version: "0.5.9"\n')
+    assert engine_lane("lab-x", tmp_path)["engine_version"] == "0.5.9"
+    (lock / "lock.yml").write_text('engine_version: "0.5.23"\ncuda_version: "13.0"\n')
+    assert engine_lane("lab-x", tmp_path)["engine_version"] == "0.5.23"
+    assert "names no lock folder" in engine_lane("lab-y", tmp_path)["problem"]
+    (tmp_path / "lab-y").mkdir()
+    (tmp_path / "lab-y" / "lock.yml").write_text('engine_version: "0.5.9"\n')
+    assert engine_lane("lab-y", tmp_path)["problem"] == ""
