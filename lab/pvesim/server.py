@@ -103,6 +103,17 @@ class PveSim(ConfigMixin, StartMixin):
         self.writes: list[dict] = []  # every POST/PUT/DELETE that reached the API, in order
         self.exchanges: list[dict] = []  # every answer: endpoint, data (for the schema test)
 
+    def snapshot(self) -> PveSim:
+        """A copy of the cluster as it is now, with its own lock (the schema is shared: it is only read). Tests start
+        several scenarios from one provisioned cluster instead of provisioning it again for each."""
+        with self.lock:
+            new = copy.copy(self)
+            for key, value in vars(self).items():
+                if key not in ("lock", "schema"):
+                    setattr(new, key, copy.deepcopy(value))
+        new.lock = threading.RLock()
+        return new
+
     # ---- helpers -------------------------------------------------------------------------------
     @staticmethod
     def api_error(code: int, message: str, errors: dict | None = None) -> ApiError:

@@ -1,6 +1,7 @@
 """playbooks/provision.yml against the simulated Proxmox VE API (lab/pvesim) on loopback, over HTTPS.
 
-One scenario (module scope, the runs are the expensive part): provision 3 VMs; the configs match exactly; a second
+One scenario (module scope, the runs are the expensive part; the first run is conftest's provisioned cluster, which
+other scenarios start from too): provision 3 VMs; the configs match exactly; a second
 run writes nothing; a changed GPU list stays pending without permission and is applied by stop/start only after the
 drain hook; the experimental GPUDirect clique is reverted when the NCCL measurement does not prove it.
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from cluster import PASSWORD, TOKEN_SECRET
-from proxmox_runner import ROOT, simulated_cluster
+from proxmox_runner import ROOT, Provisioned, simulated_cluster
 from pvesim.server import PveSim
 
 HERE = Path(__file__).parent
@@ -71,15 +72,13 @@ def start_stop_writes(writes: list[dict]) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def scenario(tmp_path_factory):
+def scenario(tmp_path_factory, provisioned: Provisioned):
     tmp = tmp_path_factory.mktemp("provision")
-    out = {}
-    with simulated_cluster(tmp) as (server, r):
-        r.hosts()["gpu-a1"]["proxmox_gpu_vm_gpudirect_clique"] = True
-        out["first"] = r.run("playbooks/provision.yml", "-v")
-        out["first_configs"] = {v: config_of(server.sim, v) for v in (201, 202, 203)}
-        out["first_status"] = {v: server.sim.vms[v]["status"] for v in (201, 202, 203)}
-        out["first_reports"] = {h: json.loads((r.reports / f"{h}.json").read_text()) for h in r.hosts()}
+    # the first run (conftest's provisioned: the cluster's first provision.yml, -v, gpu-a1 with the clique)
+    out = {"first": provisioned.run, "first_reports": provisioned.reports}
+    out["first_configs"] = {v: config_of(provisioned.sim, v) for v in (201, 202, 203)}
+    out["first_status"] = {v: provisioned.sim.vms[v]["status"] for v in (201, 202, 203)}
+    with simulated_cluster(tmp, provisioned) as (server, r):
         n = len(server.sim.writes)
         out["second"] = r.run()
         out["second_writes"] = server.sim.writes[n:]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from cluster import PASSWORD, TOKEN_SECRET
-from proxmox_runner import Runner, simulated_cluster
+from proxmox_runner import Provisioned, Runner, simulated_cluster
 
 HERE = Path(__file__).parent
 FAULT = "kvm: failed to allocate 131072 MiB of 1 GiB hugepages on host NUMA node 0"
@@ -55,11 +55,10 @@ def hooks(tmp: Path, name: str) -> tuple[tuple[str, ...], Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def scenario(tmp_path_factory):
+def scenario(tmp_path_factory, provisioned: Provisioned):
     tmp = tmp_path_factory.mktemp("restarts")
-    out = {}
-    with simulated_cluster(tmp) as (server, r):
-        out["provision"] = r.run()
+    out = {"provision": provisioned.run}  # three running VMs (conftest's provisioned cluster)
+    with simulated_cluster(tmp, provisioned) as (server, r):
         # every VM gets a change that waits for a full stop and start (vCPUs: cores and the NUMA binding)
         for h in r.hosts().values():
             h["proxmox_gpu_vm_cores"] = 8
