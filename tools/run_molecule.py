@@ -195,24 +195,31 @@ class Runner:
         self.lock = threading.Lock()
         self.running: dict[str, subprocess.Popen] = {}
         self.starting = 0
+        # scenarios start in their order (longest first): a thread whose scenario ended takes the next one from the
+        # pool and must not start it before the earlier ones that other threads are waiting with
+        self.position = {s.label: i for i, s in enumerate(scenarios)}
+        self.admitted = 0
         self.done = 0
         self.stopping = False
 
     def _take_slot(self, scenario: Scenario) -> None:
-        """Wait until a scenario may start: while targets of beside run, fewer than jobs_beside plus one for each
-        target of beside that has ended (the half of the lab tests that ends first frees its CPU for a scenario)."""
+        """Wait until a scenario may start: after every scenario before it, and while targets of beside run, fewer than
+        jobs_beside plus one for each target of beside that has ended (the half of the lab tests that ends first
+        frees its CPU for a scenario)."""
         waited = False
         while True:
             busy = still_running(self.beside) if self.beside and self.jobs_beside < self.jobs else []
             allowed = min(self.jobs, self.jobs_beside + len(self.beside) - len(busy))
             with self.lock:
-                if not busy or self.starting < allowed or self.stopping:
+                turn = self.position[scenario.label] == self.admitted
+                if turn and (not busy or self.starting < allowed or self.stopping):
                     self.starting += 1
+                    self.admitted += 1
                     break
-            if not waited:
+            if not waited and busy:
                 self.say(f"wait   {scenario.label}  ({', '.join(busy)} still running: {self.jobs_beside} at a time)")
                 waited = True
-            time.sleep(2)
+            time.sleep(2 if turn else 0.2)
 
     def stop(self, signum: int, _frame) -> None:
         """SIGINT/SIGTERM: start nothing more, pass the signal on to the running scenarios."""

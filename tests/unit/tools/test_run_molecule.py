@@ -224,6 +224,27 @@ def test_each_beside_target_that_ends_frees_one_more_slot(project, monkeypatch, 
     assert "(lab-tests-1, lab-tests-2 still running: 1 at a time)" in capsys.readouterr().out
 
 
+def test_scenarios_start_in_their_order_when_a_slot_frees(project, capsys):
+    """A thread whose scenario ended takes the next one from the pool at once; the earlier scenario another thread
+    holds (polling every 2 s) must still start first (CI's e2e_pipeline started eighth instead of third)."""
+    import subprocess
+
+    logs = project.TEST_LOGS
+    logs.mkdir(parents=True)
+    lab_tests = subprocess.Popen(["sleep", "5"])
+    (logs / "lab-tests.running").write_text(f"{lab_tests.pid}\n")
+    for name in ("first", "second", "third"):
+        add(project.test_root, "role1", name)
+    (project.test_root / "estimates.json").write_text(
+        json.dumps({"roles/role1:first": 300, "roles/role1:second": 200, "roles/role1:third": 100})
+    )
+    try:
+        assert project.main(["--jobs", "2", "--beside", "lab-tests", "--jobs-beside", "1"]) == 0
+    finally:
+        lab_tests.wait()
+    assert [p["name"] for p in played(project)] == ["first", "second", "third"]
+
+
 def test_a_marker_of_a_gone_process_does_not_hold_scenarios_back(project, monkeypatch, capsys):
     logs = project.TEST_LOGS
     logs.mkdir(parents=True)
