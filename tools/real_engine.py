@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""`make real-engine`: the production lock's real SGLang 0.5.9 on a GPU-less lab host.
+"""`make real-engine [REAL_ENGINE_LANE=<lock>]`: an engine lane's real SGLang on a GPU-less lab host (default the
+production lock sglang-cu128, SGLang 0.5.9; the other lanes: sglang-cu128-0.5.10, sglang-cu130).
 
-Steps (each timed; logs and evidence under .cache/real-engine/, the wheelhouse cached outside the tree):
-  1. the production wheelhouse (locks/update_locks.py wheelhouse-production; downloads only what is missing)
+Steps (each timed; logs and evidence under .cache/real-engine/<lane>/, the wheelhouse cached outside the tree):
+  1. the lane's wheelhouse (locks/update_locks.py wheelhouse-production; downloads only what is missing)
      and the lab wheelhouse (simulated engine);
   2. lab equipment built on the controller: the lock's Python 3.12 (the controller's, as a tarball) and a
      libcuda.so.1 stub without devices (a GPU-less host has no NVIDIA driver; sgl_kernel links it);
   3. its own lab (`realengine`, one rtx-pro-6000x8-vm host), lab/real-engine/prepare.yml;
   4. last good version: ml_env with the lab lock (simulator) + playbooks/deploy_server.yml (simulated engine);
-  5. ml_env with the production lock sglang-cu128 from the controller wheelhouse (offline, no CUDA check);
+  5. ml_env with the lane's lock from the controller wheelhouse (offline, no CUDA check);
   6. the real `python -m sglang.launch_server --help` of that release, saved;
-  7. playbooks/deploy_server.yml with the example inventory's flags (inventory/examples/glm5-rtxpro6000) and
-     the real engine: it must fail; the role must report the engine's own error and the phase and roll back
-     to the simulator, which must serve again (a generation is asked for).
+  7. playbooks/deploy_server.yml with the example inventory's flags (inventory/examples/glm5-rtxpro6000, written
+     for 0.5.9; migrated to the lane's engine by the collection's migration table, as upgrade_plan.yml shows it;
+     the model a local folder, LOCAL_MODEL) and the real engine: it must fail; the role must report the engine's
+     own error and the phase and roll back to the simulator, which must serve again (a generation is asked for).
 The lab is taken down at the end unless REAL_ENGINE_KEEP=1 (then a rerun reuses the built release).
 Exit 0 only when step 7 ends as described.
 """
@@ -33,8 +35,15 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("REAL_ENGINE_CACHE", ROOT / ".cache" / "real-engine"))
-WHEELHOUSE = Path(os.environ.get("REAL_ENGINE_WHEELHOUSE", "/var/cache/gpufleet-lab/wheelhouse-sglang-cu128"))
+sys.path[:0] = [str(ROOT / "collections"), str(ROOT / "lab")]
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_flag_migration import (  # noqa: E402
+    engine_lane,
+    migrate_layers,
+)
+
+LANE = os.environ.get("REAL_ENGINE_LANE", "sglang-cu128")
+CACHE = Path(os.environ.get("REAL_ENGINE_CACHE", ROOT / ".cache" / "real-engine" / LANE))
+WHEELHOUSE = Path(os.environ.get("REAL_ENGINE_WHEELHOUSE", f"/var/cache/gpufleet-lab/wheelhouse-{LANE}"))
 LAB = os.environ.get("REAL_ENGINE_LAB", "realengine")
 WHEELHOUSE_PORT = int(os.environ.get("REAL_ENGINE_WHEELHOUSE_PORT", "8470"))
 HOST = f"{LAB}-01"
@@ -44,8 +53,18 @@ EXAMPLE = ROOT / "inventory" / "examples" / "glm5-rtxpro6000" / "group_vars"
 LAB_PYTHON = "/opt/gpufleet-lab/python-3.12/bin/python3.12"
 # the fleet's reports folder: reports/<inventory folder name>/ (playbooks/vars/fleet.yml)
 REPORT = ROOT / "reports" / INVENTORY.name / "deploy" / f"{HOST}.json"
-# The engine's own words on a host without a GPU (sglang 0.5.9, srt/utils/common.py get_device()).
-ENGINE_ERROR = "No accelerator (CUDA, XPU, HPU, NPU, MUSA) is available."
+# The engine's own words on a host without a GPU, per engine version: srt/utils/common.py get_device() of each wheel
+# (0.5.10.post1: line 1853; 0.5.23: line 1125, where platform plugins joined the search).
+ENGINE_ERRORS = {
+    "0.5.9": "No accelerator (CUDA, XPU, HPU, NPU, MUSA) is available.",
+    "0.5.10.post1": "No accelerator (CUDA, XPU, HPU, NPU, MUSA, MPS) is available.",
+    "0.5.23": "No accelerator (CUDA, XPU, HPU, NPU, MUSA, MPS) or platform plugin is available.",
+}
+# the version the example inventory's flags are written for (its lane is the production lock's)
+EXAMPLE_ENGINE = "0.5.9"
+# The model folder the real engine is given (lab/real-engine/prepare.yml copies CACHE/model there): the example's
+# hub id cannot be fetched in the lab, and SGLang 0.5.23 reads the model's config before it looks for a GPU.
+LOCAL_MODEL = "/srv/models/real-engine-tiny"
 
 TIMINGS: dict[str, float] = {}
 
@@ -119,6 +138,17 @@ def python_tarball() -> Path:
     return target
 
 
+def local_model() -> Path:
+    """The lab test hub's tiny model (lab/testhub/model.py: a Llama config, tokenizer and small random shards)."""
+    from testhub import model
+
+    out = CACHE / "model"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in model._files_for(1).items():
+        (out / name).write_bytes(data)
+    return out
+
+
 def driver_stub() -> Path:
     """A libcuda.so.1 with no device: every driver entry point sgl_kernel links returns CUDA_ERROR_NO_DEVICE."""
     out = CACHE / "libcuda-stub"
@@ -126,9 +156,10 @@ def driver_stub() -> Path:
     if lib.exists():
         return lib
     out.mkdir(parents=True, exist_ok=True)
-    wheels = sorted(WHEELHOUSE.glob("sgl_kernel-*.whl"))
+    # SGLang's kernel wheel: sgl_kernel up to 0.5.9, sglang_kernel since
+    wheels = sorted(WHEELHOUSE.glob("sgl_kernel-*.whl")) + sorted(WHEELHOUSE.glob("sglang_kernel-*.whl"))
     if not wheels:
-        raise SystemExit(f"real-engine: no sgl_kernel wheel in {WHEELHOUSE}")
+        raise SystemExit(f"real-engine: no sgl_kernel or sglang_kernel wheel in {WHEELHOUSE}")
     symbols: set[str] = set()
     with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheels[0]) as whl:
         for name in whl.namelist():
@@ -172,12 +203,45 @@ def serve_wheelhouse() -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"real-engine: the wheelhouse server on {url} does not answer from the lab host")
 
 
-def write_vars(wheelhouse_url: str) -> tuple[Path, Path]:
+def lane() -> dict:
+    """The lane's lock (locks/<LANE>): its pinned sglang and CUDA version."""
+    found = engine_lane(LANE, ROOT / "locks", "REAL_ENGINE_LANE")
+    if found["problem"]:
+        raise SystemExit(f"real-engine: {found['problem']}")
+    if found["engine_version"] not in ENGINE_ERRORS:
+        raise SystemExit(
+            f"real-engine: REAL_ENGINE_LANE {LANE} pins sglang {found['engine_version']}, whose error on a GPU-less"
+            f" host tools/real_engine.py's ENGINE_ERRORS does not know (one of {', '.join(ENGINE_ERRORS)})"
+        )
+    return found
+
+
+def example_flags(engine_version: str) -> tuple[dict, list[dict]]:
+    """The example inventory's flag layers (written for EXAMPLE_ENGINE) migrated to engine_version, and the changes
+    made; a flag no migration rule maps stops the run (upgrade_plan.yml would fail that host the same way)."""
+    layers: dict = {}
+    for group in ("all", "rtx_pro_6000", "glm5"):
+        data = yaml.safe_load((EXAMPLE / group / "sglang_server.yml").read_text())
+        layers.update({k: v for k, v in data.items() if k.startswith("sglang_server_args_")})
+    changes: list[dict] = []
+    if engine_version != EXAMPLE_ENGINE:
+        migrated = migrate_layers(layers, EXAMPLE_ENGINE, engine_version)
+        if migrated["unmapped"]:
+            raise SystemExit(f"real-engine: flags no migration rule maps to {engine_version}: {migrated['unmapped']}")
+        layers, changes = migrated["layers"], migrated["changes"]
+    model = dict(layers["sglang_server_args_model"])
+    model.pop("model-path", None)
+    model["model"] = LOCAL_MODEL
+    layers["sglang_server_args_model"] = model
+    return layers, changes
+
+
+def write_vars(wheelhouse_url: str, engine_version: str) -> tuple[Path, Path, list[dict]]:
     ml = CACHE / "ml-env-real.yml"
     ml.write_text(
         yaml.safe_dump(
             {
-                "ml_env_lock": "sglang-cu128",
+                "ml_env_lock": LANE,
                 "ml_env_wheelhouse": wheelhouse_url,
                 "ml_env_offline": True,
                 "ml_env_python_interpreter": LAB_PYTHON,
@@ -186,12 +250,11 @@ def write_vars(wheelhouse_url: str) -> tuple[Path, Path]:
             }
         )
     )
-    flags: dict = {}
-    for group in ("all", "rtx_pro_6000", "glm5"):
-        data = yaml.safe_load((EXAMPLE / group / "sglang_server.yml").read_text())
-        flags.update({k: v for k, v in data.items() if k.startswith("sglang_server_args_")})
+    flags, changes = example_flags(engine_version)
     flags.update(
         {
+            # the lane whose argument table checks the flags (the role reads it from ml_env_lock)
+            "ml_env_lock": LANE,
             "sglang_server_module": "sglang.launch_server",
             # the lab's simulator settings (SGLANG_SIM_*) are not the real engine's
             "sglang_server_environment": {},
@@ -201,7 +264,7 @@ def write_vars(wheelhouse_url: str) -> tuple[Path, Path]:
     )
     server = CACHE / "example-flags-real-engine.yml"
     server.write_text(yaml.safe_dump(flags, sort_keys=False))
-    return ml, server
+    return ml, server, changes
 
 
 def ansible(playbook: str, *extra: str) -> list[str]:
@@ -218,14 +281,18 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     env = {"REAL_ENGINE_CACHE": str(CACHE), "ANSIBLE_FORCE_COLOR": "0"}
     py = sys.executable
-    step("01-wheelhouse-production", [py, "locks/update_locks.py", "wheelhouse-production", "--dir", WHEELHOUSE])
+    engine = lane()["engine_version"]
+    print(f"real-engine: lane {LANE} (sglang {engine}), wheelhouse {WHEELHOUSE}, logs {CACHE}", flush=True)
+    wheelhouse = ["locks/update_locks.py", "wheelhouse-production", "--name", LANE, "--dir", WHEELHOUSE]
+    step("01-wheelhouse-production", [py, *wheelhouse])
     step("02-wheelhouse-lab", [py, "locks/update_locks.py", "wheelhouse"])
     python_tarball()
     driver_stub()
+    local_model()
     up = ("up", "--hosts", "1", "--profile", "rtx-pro-6000x8-vm", "--inventory", INVENTORY / "hosts.yml")
     step("03-lab-up", lab(*up))
     server, wheelhouse_url = serve_wheelhouse()
-    ml_vars, server_vars = write_vars(wheelhouse_url)
+    ml_vars, server_vars, migrated = write_vars(wheelhouse_url, engine)
     try:
         step("04-prepare", ansible("lab/real-engine/prepare.yml"), env=env)
         step("05-ml-env-sim", ansible("playbooks/ml_env.yml"), env=env)
@@ -245,9 +312,12 @@ def main() -> int:
             REPORT.unlink()
         real = ansible("playbooks/deploy_server.yml", "-e", f"@{server_vars}")
         bad = step("09-deploy-real", real, env=env, check=False)
-        problems = check_outcome(bad, sim_release)
+        problems = check_outcome(bad, sim_release, ENGINE_ERRORS[engine])
         evidence = {
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "lane": LANE,
+            "engine_version": engine,
+            "flags_migrated": migrated,
             "lab": LAB,
             "host": HOST,
             "sim_release": sim_release,
@@ -277,14 +347,14 @@ def main() -> int:
     return 0
 
 
-def check_outcome(bad: subprocess.CompletedProcess, sim_release: str) -> list[str]:
+def check_outcome(bad: subprocess.CompletedProcess, sim_release: str, engine_error: str) -> list[str]:
     """What the real-engine deploy must show: failure, the engine's error and phase, rollback, generation."""
     problems = []
     out = bad.stdout
     if bad.returncode == 0:
         problems.append("the real-engine deploy did not fail on a GPU-less host")
-    if ENGINE_ERROR not in out:
-        problems.append(f"the engine's own error ({ENGINE_ERROR}) is not in the Ansible output")
+    if engine_error not in out:
+        problems.append(f"the engine's own error ({engine_error}) is not in the Ansible output")
     if "ROLLED BACK: restored the last-known-good version" not in out:
         problems.append("no rollback in the Ansible output")
     if not REPORT.exists():
@@ -295,7 +365,7 @@ def check_outcome(bad: subprocess.CompletedProcess, sim_release: str) -> list[st
     failure = report.get("failure") or {}
     if failure.get("phase") != "start":
         problems.append(f"report failure phase {failure.get('phase')}, not start")
-    if ENGINE_ERROR not in json.dumps(report):
+    if engine_error not in json.dumps(report):
         problems.append("the engine's own error is not in the report")
     rollback = report.get("rollback") or {}
     if not (rollback.get("performed") and rollback.get("healthy")):
@@ -304,7 +374,8 @@ def check_outcome(bad: subprocess.CompletedProcess, sim_release: str) -> list[st
     if current != sim_release:
         problems.append(f"/opt/ml-env/current is {current}, not the last good {sim_release}")
     question = [{"role": "user", "content": "What is the capital of France?"}]
-    body = json.dumps({"model": "glm-5", "messages": question, "max_tokens": 64})
+    # the simulator thinks first (reasoning-parser glm45): as many tokens as the smoke prompt of the example
+    body = json.dumps({"model": "glm-5", "messages": question, "max_tokens": 1024})
     answer = lab_exec(
         "curl", "-sS", "-m", "60", "-H", "Content-Type: application/json", "-d", body,
         "http://127.0.0.1:8000/v1/chat/completions",
