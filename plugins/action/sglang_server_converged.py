@@ -81,12 +81,17 @@ def is_input(name: str, facts: set[str]) -> bool:
     return not name.startswith("ansible_") or name in CONNECTION_VARS
 
 
+# Not code a deploy runs: Python's bytecode caches and the roles' Molecule scenarios (tests, which build into their
+# own folders while they run)
+NOT_CODE_DIRS = frozenset(("__pycache__", "molecule"))
+
+
 def code_digest(root: str) -> str:
-    """sha256 over the collection's code files (path and content), __pycache__ left out."""
+    """sha256 over the collection's code files (path and content), NOT_CODE_DIRS left out."""
     digest = hashlib.sha256()
     for top in CODE_FOLDERS:
         for folder, dirs, files in os.walk(os.path.join(root, top)):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            dirs[:] = sorted(d for d in dirs if d not in NOT_CODE_DIRS)
             for name in sorted(files):
                 path = os.path.join(folder, name)
                 digest.update(os.path.relpath(path, root).encode() + b"\0")

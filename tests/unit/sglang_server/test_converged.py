@@ -203,12 +203,16 @@ def test_a_controller_file_named_by_an_input_counts_by_size_and_mtime(tmp_path):
     assert action.value_digest("sglang_server_report_dir", str(folder), KEY) == empty
 
 
-def test_the_code_digest_follows_any_file_of_the_collection_and_ignores_bytecode(tmp_path):
+def test_the_code_digest_follows_any_file_of_the_collection_and_ignores_bytecode_and_molecule(tmp_path):
     (tmp_path / "roles/r/tasks").mkdir(parents=True)
     (tmp_path / "roles/r/tasks/main.yml").write_text("---\n")
     first = action.code_digest(str(tmp_path))
     (tmp_path / "roles/r/__pycache__").mkdir()
     (tmp_path / "roles/r/__pycache__/x.pyc").write_bytes(b"\0")
+    assert action.code_digest(str(tmp_path)) == first
+    # a Molecule scenario of the role building into its own folder while a no-op deploy runs beside it (CI once)
+    (tmp_path / "roles/r/molecule/default/files/kernel/build").mkdir(parents=True)
+    (tmp_path / "roles/r/molecule/default/files/kernel/build/lib.py").write_text("x = 1\n")
     assert action.code_digest(str(tmp_path)) == first
     (tmp_path / "roles/r/tasks/main.yml").write_text("---\n# changed\n")
     assert action.code_digest(str(tmp_path)) != first
