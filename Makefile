@@ -24,7 +24,7 @@ SCENARIO ?=
 MOLECULE_JOBS ?=
 LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --routers $(ROUTERS) --monitors $(MONITORS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
 
-.PHONY: promtool router-wheelhouse real-engine help setup apt venv collections bench-client bench deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-prune lab-tests lab-tests-1 lab-tests-2 lab-tests-3 molecule bench-lab real-kernel proxmox-demo
+.PHONY: promtool router-wheelhouse real-engine help setup apt venv collections bench-client bench deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-prune lab-tests lab-tests-1 lab-tests-2 molecule bench-lab real-kernel proxmox-demo
 
 help:
 	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
@@ -105,14 +105,14 @@ lab-status:
 # at a time while the unit and lab tests run (MOLECULE_BESIDE), one more as each of those ends (2026-12-02: the
 # unit tests end after about 14 minutes, the second half of the lab tests after 15, the first after 19), then
 # MOLECULE_JOBS.
-# The lab tests run as three groups at once (lab-tests-1, -2, -3: each test module has its own lab), so the
+# The lab tests run as two halves at once (lab-tests-1, lab-tests-2: each test module has its own lab), so the
 # longest group is no longer one chain of every lab test. Lint runs in the same step: alone it kept one of the
 # two cores idle for a minute (ansible-lint uses about 1.25 cores), and a lint failure still fails the step.
 # The test suite opts in to the controller speed-ups that use private ansible-core APIs (version-guarded; the
 # collection and ansible.cfg do not use them): tools/ansible_speedups/env.sh, docs/performance.md.
 test:
-	@. tools/ansible_speedups/env.sh && NO_PRUNE=1 MOLECULE_NICE=10 MOLECULE_BESIDE=unit,lab-tests-1,lab-tests-2,lab-tests-3 \
-	  MOLECULE_JOBS_BESIDE=2 python3 tools/timed_groups.py setup lab-prune lint+unit+lab-tests-1+lab-tests-2+lab-tests-3+molecule
+	@. tools/ansible_speedups/env.sh && NO_PRUNE=1 MOLECULE_NICE=10 MOLECULE_BESIDE=unit,lab-tests-1,lab-tests-2 MOLECULE_JOBS_BESIDE=2 \
+	  python3 tools/timed_groups.py setup lab-prune lint+unit+lab-tests-1+lab-tests-2+molecule
 
 lint: promtool
 	ruff check .
@@ -133,25 +133,19 @@ lab-tests:
 	$(if $(NO_PRUNE),,python -m gpufleet_lab prune)
 	pytest tests/lab --durations=15
 
-# The groups of the lab tests that `make test` runs side by side (there, 2026-12-02: the rest 19 min, the
+# The two halves of the lab tests that `make test` runs side by side (there, 2026-12-02: the rest 19 min, the
 # fleet rollout and the lab tool's lifecycle tests 15-16 min; the monitoring scenario, about 7 min, joined the second).
 # 2026-12-05: the engine upgrade (about 6 min) joined the second, the quality gate (about 4 min) the first; then
-# (fresh clone: the first half 25.5 min, the second 30.7) the parallel bring-up test moved to the first, and (the
-# second still 30.3: rollout 15 min, monitoring and engine upgrade 7.4 min each under that load) the monitoring and
-# engine upgrade tests became a third group. The groups wait on engines, drains and alerts much of the time.
-LAB_TESTS_2 := tests/lab/test_rollout.py tests/lab/test_lab_lifecycle.py
-LAB_TESTS_3 := tests/lab/test_monitoring.py tests/lab/test_engine_upgrade.py
+# (fresh clone: the first half 25.5 min, the second 30.7) the parallel bring-up test moved to the first.
+LAB_TESTS_2 := tests/lab/test_rollout.py tests/lab/test_lab_lifecycle.py tests/lab/test_monitoring.py \
+  tests/lab/test_engine_upgrade.py
 lab-tests-1:
 	$(if $(NO_PRUNE),,python -m gpufleet_lab prune)
-	pytest tests/lab $(addprefix --ignore=,$(LAB_TESTS_2) $(LAB_TESTS_3)) --durations=30
+	pytest tests/lab $(addprefix --ignore=,$(LAB_TESTS_2)) --durations=30
 
 lab-tests-2:
 	$(if $(NO_PRUNE),,python -m gpufleet_lab prune)
 	pytest $(LAB_TESTS_2) --durations=30
-
-lab-tests-3:
-	$(if $(NO_PRUNE),,python -m gpufleet_lab prune)
-	pytest $(LAB_TESTS_3) --durations=30
 
 molecule:
 	$(if $(NO_PRUNE),,python -m gpufleet_lab prune)

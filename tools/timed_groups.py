@@ -1,6 +1,6 @@
 """Run make targets in steps, stop after the first step that fails, and print each target's time at the end.
 
-`make test` runs `python3 tools/timed_groups.py setup lab-prune lint+unit+lab-tests-1+lab-tests-2+lab-tests-3+molecule`.
+`make test` runs `python3 tools/timed_groups.py setup lab-prune lint+unit+lab-tests-1+lab-tests-2+molecule`.
 A step is one target, or several joined by `+` that run at the same time (each writes its output to
 `.cache/test-logs/<target>.log`; the whole log of each is printed when it ends, so pytest's and the Molecule
 runner's closing lines stay readable and in one piece; while a target runs, `.cache/test-logs/<target>.running`
@@ -10,8 +10,7 @@ at nice 10 and 2 scenarios at a time while the lab tests run (tools/run_molecule
 (2026-11-30, 4 scenarios at full priority beside the lab tests, load average 15) lost a lab's test hub and ran
 a scenario past its 600 s bound; the lab tool's prune then took a lab being brought up for a stale one (fixed:
 `up` and `down` hold the lab folder's lock). Since 2026-12-01 the lab tests run as two halves in that step
-(`lab-tests-1`, `lab-tests-2`; Molecule's --beside names both), and lint joined that step; since 2026-12-05
-three groups (`lab-tests-3`).
+(`lab-tests-1`, `lab-tests-2`; Molecule's --beside names both), and lint joined that step.
 The last line is the summary, for example:
 
   make test: PASS  setup 2s, lint 41s, lab-prune 1s, unit 4m31s, lab-tests 6m50s, molecule 15m03s; total 17m07s
