@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,15 @@ def add(root: Path, owner: str, name: str) -> None:
 
 def played(module) -> list[dict]:
     return [json.loads(line) for line in module.record.read_text().splitlines()]
+
+
+def beside_target(module, target: str, argv: list[str]) -> subprocess.Popen:
+    """A make target of the same step, as tools/timed_groups.py marks it: its PID in <test logs>/<target>.running
+    (here a stand-in process running argv)."""
+    module.TEST_LOGS.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(argv)
+    (module.TEST_LOGS / f"{target}.running").write_text(f"{proc.pid}\n")
+    return proc
 
 
 def test_scenarios_run_at_once(project, monkeypatch, capsys):
@@ -177,13 +188,7 @@ def test_default_jobs_for_two_cores(project, monkeypatch):
 def test_beside_the_lab_tests_fewer_scenarios_run_until_they_end(project, monkeypatch, capsys):
     """make test runs the lab tests and Molecule in one step: while lab-tests runs (its marker names a live
     process), at most --jobs-beside scenarios run; when it ends, --jobs do."""
-    import subprocess
-    import time
-
-    logs = project.TEST_LOGS
-    logs.mkdir(parents=True)
-    lab_tests = subprocess.Popen(["sleep", "3"])
-    (logs / "lab-tests.running").write_text(f"{lab_tests.pid}\n")
+    lab_tests = beside_target(project, "lab-tests", ["sleep", "3"])
     for name in ("meet-a", "meet-b", "meet-c"):
         add(project.test_root, "role1", name)
     monkeypatch.setenv("FAKE_MEET", "3")  # each passes only once all three run at once
@@ -202,15 +207,9 @@ def test_beside_the_lab_tests_fewer_scenarios_run_until_they_end(project, monkey
 def test_each_beside_target_that_ends_frees_one_more_slot(project, monkeypatch, capsys):
     """make test runs two halves of the lab tests beside Molecule: when the first half ends, one more scenario
     may start; the last one waits for the second half."""
-    import subprocess
-    import time
-
-    logs = project.TEST_LOGS
-    logs.mkdir(parents=True)
     started = time.time()
-    short, long = subprocess.Popen(["sleep", "2"]), subprocess.Popen(["sleep", "7"])
-    (logs / "lab-tests-1.running").write_text(f"{long.pid}\n")
-    (logs / "lab-tests-2.running").write_text(f"{short.pid}\n")
+    long = beside_target(project, "lab-tests-1", ["sleep", "7"])
+    short = beside_target(project, "lab-tests-2", ["sleep", "2"])
     for name in ("meet-a", "meet-b", "meet-c"):
         add(project.test_root, "role1", name)
     monkeypatch.setenv("FAKE_MEET", "3")
@@ -227,12 +226,7 @@ def test_each_beside_target_that_ends_frees_one_more_slot(project, monkeypatch, 
 def test_scenarios_start_in_their_order_when_a_slot_frees(project, capsys):
     """A thread whose scenario ended takes the next one from the pool at once; the earlier scenario another thread
     holds (polling every 2 s) must still start first (CI's e2e_pipeline started eighth instead of third)."""
-    import subprocess
-
-    logs = project.TEST_LOGS
-    logs.mkdir(parents=True)
-    lab_tests = subprocess.Popen(["sleep", "5"])
-    (logs / "lab-tests.running").write_text(f"{lab_tests.pid}\n")
+    lab_tests = beside_target(project, "lab-tests", ["sleep", "5"])
     for name in ("first", "second", "third"):
         add(project.test_root, "role1", name)
     (project.test_root / "estimates.json").write_text(
@@ -246,13 +240,7 @@ def test_scenarios_start_in_their_order_when_a_slot_frees(project, capsys):
 
 
 def test_a_marker_of_a_gone_process_does_not_hold_scenarios_back(project, monkeypatch, capsys):
-    logs = project.TEST_LOGS
-    logs.mkdir(parents=True)
-    import subprocess
-
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    (logs / "lab-tests.running").write_text(f"{gone.pid}\n")  # left by a killed make test
+    beside_target(project, "lab-tests", ["true"]).wait()  # its marker left by a killed make test
     for name in ("meet-a", "meet-b"):
         add(project.test_root, "role1", name)
     monkeypatch.setenv("FAKE_MEET", "2")
