@@ -51,7 +51,7 @@ def tokenizer_files() -> dict[str, bytes]:
     sys.path.insert(0, str(ROOT / "lab"))
     from testhub import model
 
-    files = model._files_for(1)
+    files = model.files_for(1)
     out = {n: files[n] for n in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")}
     return out | {"config.json": json.dumps(MODEL_CONFIG).encode()}
 

@@ -144,7 +144,7 @@ def local_model() -> Path:
 
     out = CACHE / "model"
     out.mkdir(parents=True, exist_ok=True)
-    for name, data in model._files_for(1).items():
+    for name, data in model.files_for(1).items():
         (out / name).write_bytes(data)
     return out
 

@@ -67,7 +67,7 @@ def _tokenizer() -> dict:
     }
 
 
-def _files_for(generation: int) -> dict[str, bytes]:
+def files_for(generation: int) -> dict[str, bytes]:
     """The repository's files at commit number ``generation`` (1 or 2)."""
     files: dict[str, bytes] = {}
     config = {
@@ -141,7 +141,7 @@ def generate(data_dir: Path) -> dict:
     commits = []
     parent = None
     for generation in (1, 2):
-        files = _files_for(generation)
+        files = files_for(generation)
         commit = commit_id(files, parent)
         target = data_dir / "repos" / REPO_ID / commit
         for name, content in files.items():

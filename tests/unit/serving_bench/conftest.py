@@ -18,7 +18,7 @@ def tokenizer_dir(tmp_path) -> Path:
     sys.path.insert(0, str(REPO / "lab"))
     from testhub import model
 
-    files = model._files_for(1)
+    files = model.files_for(1)
     d = tmp_path / "tokenizer"
     d.mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
