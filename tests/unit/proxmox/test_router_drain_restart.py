@@ -89,7 +89,7 @@ def scenario(router, worker, tmp_path, provisioned: Provisioned):  # noqa: F811 
         n, c = len(server.sim.writes), len(router["calls"])
         p = r.run("playbooks/provision.yml", "-e", "proxmox_gpu_vm_apply_pending=true",
                   "-e", "proxmox_gpu_vm_drain_tasks=router")  # fmt: skip
-        out = {"failed": (p, server.sim.writes[n:], router["calls"][c:])}
+        out = {"provisioned": provisioned.run, "failed": (p, server.sim.writes[n:], router["calls"][c:])}
         out["router_urls"] = sorted(by_url[u] for u in router["workers"].values() if u in by_url)
         out["locks"] = sorted(p.name for p in (tmp_path / "locks").glob("*")) if (tmp_path / "locks").exists() else []
         out["by_url"] = by_url
@@ -101,6 +101,8 @@ def router_events(calls, by_url) -> list[str]:
 
 
 def test_router_drain_then_restart_one_vm_at_a_time_and_a_failed_start_stays_out(scenario):
+    first = scenario["provisioned"]
+    assert first.returncode == 0, first.stdout[-3000:]
     p, writes, calls = scenario["failed"]
     assert p.returncode != 0
     by_url = scenario["by_url"]
