@@ -53,7 +53,6 @@ PLAY_ENV = {
 }
 REPORTS = {
     "sglang_server_report_dir": str(WORK / "reports/deploy"),
-    "rollout_deploy_report_dir": str(WORK / "reports/deploy"),
     "rollout_report_dir": str(WORK / "reports/rollout"),
 }
 

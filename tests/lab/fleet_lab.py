@@ -52,10 +52,11 @@ def canary_lab(name: str) -> tuple:
 
 
 def report_dirs(work: Path) -> dict:
-    """The deploy and rollout reports of the lab's runs in its work folder, not the project's reports/."""
+    """The deploy and rollout reports of the lab's runs in its work folder, not the project's reports/. A user sets
+    neither (they land in reports/<fleet>/): these tests keep each lab's files together and start from none; the
+    user's path, with no such variable, is tests/lab/test_documented_commands.py's."""
     return {
         "sglang_server_report_dir": str(work / "reports/deploy"),
-        "rollout_deploy_report_dir": str(work / "reports/deploy"),
         "rollout_report_dir": str(work / "reports/rollout"),
     }
 

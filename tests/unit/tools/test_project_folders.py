@@ -24,7 +24,6 @@ EXPECTED = {
     "ml_env_locks_dir": "locks",
     "ml_env_lock_dir": "locks/sglang-cu128",
     "proxmox_gpu_vm_report_dir": "reports/proxmox",
-    "rollout_deploy_report_dir": "reports/deploy",
     "rollout_report_dir": "reports/rollout",
     "rollout_project_dir": ".",
     "serving_bench_project_dir": ".",

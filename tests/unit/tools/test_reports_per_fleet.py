@@ -15,7 +15,6 @@ REPO = Path(__file__).resolve().parents[3]
 SHOWN = [
     "gpufleet_fleet_name",
     "gpufleet_reports_dir",
-    "rollout_deploy_report_dir",
     "serving_bench_deploy_report_dir",
 ]
 SHOW = "{" + ", ".join(f"'{n}': {n}" for n in SHOWN) + "}"
@@ -24,8 +23,6 @@ PLAY = f"""
   hosts: sglang_servers
   gather_facts: false
   vars_files: ["{REPO}/playbooks/vars/fleet.yml"]
-  vars:
-    sglang_server_report_dir: "{{{{ gpufleet_reports_dir }}}}/deploy"
   tasks:
     - name: The folders
       ansible.builtin.debug:
@@ -65,10 +62,15 @@ def test_two_inventories_from_one_checkout_keep_their_own_reports(tmp_path):
     assert a["gpufleet_fleet_name"] == "staging" and b["gpufleet_fleet_name"] == "production"
     assert a["gpufleet_reports_dir"] == f"{tmp_path}/reports/staging"
     assert b["gpufleet_reports_dir"] == f"{tmp_path}/reports/production"
-    # the rollout's gate and the benchmark read the deploy reports where sglang_server wrote them
+    # the benchmark reads the deploy reports where sglang_server writes them, also in a play that does not load
+    # sglang_server (bench.yml's fleet report; this play loads no role either)
     for shown in (a, b):
-        assert shown["rollout_deploy_report_dir"] == shown["serving_bench_deploy_report_dir"]
-        assert shown["rollout_deploy_report_dir"] == shown["gpufleet_reports_dir"] + "/deploy"
+        assert shown["serving_bench_deploy_report_dir"] == shown["gpufleet_reports_dir"] + "/deploy"
+
+
+def test_deploy_reports_the_inventory_moves_are_read_there(tmp_path):
+    shown = folders(tmp_path, inventory(tmp_path / "inventory/lab", {"sglang_server_report_dir": "/srv/reports"}))
+    assert shown["serving_bench_deploy_report_dir"] == "/srv/reports"
 
 
 def test_the_inventory_names_its_fleet(tmp_path):

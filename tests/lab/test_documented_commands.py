@@ -1,0 +1,137 @@
+"""The documented commands are the tested commands: the README's first commands and the lab's day-two commands
+(docs/lab.md, "Operating the lab"), run exactly as written (tests/support/doc_commands.py) in a user's shell, on the
+default lab they create, with no variable a user would not set.
+
+In order, on one lab (the default one, `gpufleet`, as `make deploy` brings it up: 2 servers and a gateway host that
+also runs the monitor):
+1. `make deploy` sets the machine up, brings the lab up and runs deploy.yml; every stage ends, each server's deploy
+   report (reports/lab/deploy/) says ok with health by generation;
+2. the README's curl through the router gets an answer;
+3. a flag written into each server's host layer, then `ansible-playbook playbooks/rollout.yml`: ROLLOUT OK, the
+   report (reports/lab/rollout/last.json) of this run with both servers updated, the flag in both units, each server
+   restarted once, the locks given back, both workers back in the router;
+4. `ansible-playbook playbooks/bench.yml`: reports/lab/fleet-report.html with both servers and their plots;
+5. `ansible-playbook playbooks/restart.yml -l gpufleet-02`: that server restarted and healthy in the router again,
+   the other untouched;
+6. `make lab-down` removes the lab.
+
+The default lab's name, subnet and inventory (inventory/lab/hosts.yml) are the user's: the test refuses to start when
+a default lab is already up or inventory/lab/host_vars/ exists (someone's lab; nothing of theirs is taken down).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from pathlib import Path
+
+import doc_commands
+import pytest
+from conftest import ROOT, lab
+from fleet_lab import healthy_urls, unit_state, unit_text
+
+LAB_STATE = "/var/lib/gpufleet-lab/gpufleet"
+SERVERS = ["gpufleet-01", "gpufleet-02"]
+GATEWAY = "gpufleet-router-01"
+REPORTS = ROOT / "reports/lab"
+HOST_VARS = ROOT / "inventory/lab/host_vars"
+README_CURL = (
+    "curl -s http://10.123.0.4:30000/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\": "
+    '"glm-5", "messages": [{"role": "user", "content": "What is the capital of France?"}]}\''
+)
+FLAG = "printf 'sglang_server_args_host:\\n  chunked-prefill-size: 4096\\n' > inventory/lab/host_vars/{}.yml"
+
+
+def ok(proc, what: str) -> str:
+    assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{proc.stdout[-5000:]}"
+    return proc.stdout
+
+
+def report(path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def lab_hosts():
+    if Path(LAB_STATE).exists() or HOST_VARS.exists():
+        pytest.fail(
+            f"a default lab ({LAB_STATE}) or {HOST_VARS} is there already: this test runs the README's commands on "
+            "the default lab and takes it down at the end; `make lab-down` and move inventory/lab/host_vars first",
+            pytrace=False,
+        )
+    started = datetime.datetime.now(datetime.UTC).isoformat()
+    try:
+        out = ok(doc_commands.run("make deploy", timeout=2400), "make deploy")
+        hosts = {h["name"]: h for h in json.loads(lab("instances").stdout)}
+        yield {"hosts": hosts, "started": started, "deploy": out}
+    finally:
+        lab("down", check=False)
+        for path in HOST_VARS.glob("*.yml") if HOST_VARS.exists() else []:
+            path.unlink()
+        if HOST_VARS.exists():
+            HOST_VARS.rmdir()
+
+
+def test_make_deploy_runs_every_stage_and_the_readme_curl_answers(lab_hosts):
+    assert re.search(r"PLAY RECAP", lab_hosts["deploy"]), lab_hosts["deploy"][-3000:]
+    for host in SERVERS:
+        r = report(REPORTS / "deploy" / f"{host}.json")
+        assert r["finished_at"] >= lab_hosts["started"], r["finished_at"]
+        assert r["result"] in ("ok", "unchanged") and r["health"]["ok"], r
+    answer = json.loads(ok(doc_commands.run(README_CURL), "the README's curl"))
+    assert answer["choices"][0]["message"]["content"].strip(), answer
+
+
+def test_a_flag_change_rolls_out_with_the_documented_command(lab_hosts):
+    hosts = lab_hosts["hosts"]
+    before = {h: unit_state(hosts[h]) for h in SERVERS}
+    ok(doc_commands.run("mkdir -p inventory/lab/host_vars"), "mkdir")
+    for host in SERVERS:
+        ok(doc_commands.run(FLAG.format(host)), "the flag")
+    out = ok(doc_commands.run("ansible-playbook playbooks/rollout.yml"), "rollout.yml")
+    assert "ROLLOUT OK" in out, out[-3000:]
+    last = report(REPORTS / "rollout/last.json")
+    assert last["started_at"] >= lab_hosts["started"] and last["result"] == "ok", last
+    assert last["hosts"] == dict.fromkeys(SERVERS, "updated"), last["hosts"]
+    assert [b for b in last["batches"]] == [[SERVERS[0]], [SERVERS[1]]], last["batches"]
+    assert (REPORTS / "rollout" / f"{last['run_id']}.json").exists()
+    for host in SERVERS:
+        assert "--chunked-prefill-size 4096" in unit_text(hosts[host])
+        assert unit_state(hosts[host])["start"] != before[host]["start"]
+        deploy = report(REPORTS / "deploy" / f"{host}.json")
+        assert deploy["finished_at"] >= last["started_at"] and deploy["result"] == "ok", deploy
+    everyone = sorted(f"http://{hosts[h]['address']}:8000" for h in SERVERS)
+    assert healthy_urls(hosts[GATEWAY]["address"]) == everyone
+    assert last["router_workers"] == {GATEWAY: everyone}
+    locks = lab("exec", GATEWAY, "--", "bash", "-c", "ls /var/lib/gpufleet/locks/ 2>/dev/null; true").stdout
+    assert "rollout-fleet.lock" not in locks, locks
+
+
+def test_bench_writes_the_fleet_report_of_every_server(lab_hosts):
+    out = ok(doc_commands.run("ansible-playbook playbooks/bench.yml"), "bench.yml")
+    assert "reports/lab/fleet-report.html" in out, out[-3000:]
+    html = (REPORTS / "fleet-report.html").read_text()
+    assert "No benchmark results yet" not in html
+    for host in SERVERS:
+        assert host in html
+        latest = report(REPORTS / "bench" / host / "latest.json")
+        assert latest["finished_at"] >= lab_hosts["started"], latest
+    assert html.count("data:image/png;base64,") >= len(SERVERS), "the plots are missing"
+
+
+def test_a_safe_restart_of_one_server(lab_hosts):
+    hosts = lab_hosts["hosts"]
+    before = {h: unit_state(hosts[h]) for h in SERVERS}
+    ok(doc_commands.run("ansible-playbook playbooks/restart.yml -l gpufleet-02"), "restart.yml")
+    assert unit_state(hosts["gpufleet-02"])["start"] != before["gpufleet-02"]["start"]
+    assert unit_state(hosts["gpufleet-01"]) == before["gpufleet-01"]
+    everyone = sorted(f"http://{hosts[h]['address']}:8000" for h in SERVERS)
+    assert healthy_urls(hosts[GATEWAY]["address"]) == everyone
+
+
+def test_make_lab_down_removes_the_lab(lab_hosts):
+    ok(doc_commands.run("make lab-down"), "make lab-down")
+    assert not Path(LAB_STATE).exists()
+    # every command the docs mark for the lab ran, as written (a new one must be added to this module)
+    assert sorted({c.text for c in doc_commands.marked()} - set(doc_commands.RAN)) == []
