@@ -25,6 +25,7 @@ In order, on the same lab (one bring-up):
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import subprocess
@@ -141,6 +142,37 @@ class Load(ClientThreads):
                     self.failures.append(f"worker {index} request {n}: {exc!r}")
                     self.failed_at.append(time.monotonic())
                 time.sleep(0.2)  # a client that backs off a little, not a busy loop against a router that is down
+
+
+class InFlight(ClientThreads):
+    """Requests held open on each worker while it is in the router, so that each one has a request in flight when a
+    rollout takes it out (what the drain must wait for): a load through the router spreads its requests round-robin and
+    can leave a worker idle at that moment. Two threads per worker, each sending a long streamed generation straight
+    to the worker whenever the gateway lists it healthy (and waiting on that list otherwise); they start a second apart,
+    so one of them is always in the middle of a request. Their answers are not the load's: the load counts failures."""
+
+    def __init__(self, gateway: str, workers: list[str], limit_s: float = 420):
+        self.gateway, self.urls = gateway, workers
+        self.deadline = time.monotonic() + limit_s
+        super().__init__(2 * len(workers))
+
+    def _run(self, index: int) -> None:
+        url = self.urls[index // 2]
+        if index % 2:
+            self.stop.wait(1.0)  # the second thread of the worker runs a second behind the first
+        n = 0
+        while not self.stop.is_set() and time.monotonic() < self.deadline:
+            if url not in healthy_urls(self.gateway):
+                self.stop.wait(0.2)  # out of the router (being drained or restarted): no new request for it
+                continue
+            n += 1
+            body = fleet_lab.load_request(1000 + index, n, "draining", True, 600)
+            host, port = url.removeprefix("http://").split(":")
+            conn = http.client.HTTPConnection(host, int(port), timeout=60)
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+                conn.getresponse().read()
+            conn.close()
 
 
 @pytest.fixture(scope="module")
@@ -314,8 +346,12 @@ def test_rollout_under_load_has_zero_failed_requests_and_a_second_rollout_is_ref
     vars_file = WORK / "rollout-a.json"
     vars_file.write_text(json.dumps(extra))
     argv = ["ansible-playbook", "-i", str(WORK / "hosts.yml"), "-e", f"@{vars_file}", "playbooks/rollout.yml"]
-    with Load([fleet[g]["address"] for g in GATEWAYS]) as load:
-        time.sleep(3)  # the load is running through both gateways before the first worker leaves them
+    urls = [f"http://{fleet[h]['address']}:8000" for h in SERVERS]
+    with Load([fleet[g]["address"] for g in GATEWAYS]) as load, InFlight(gw["address"], urls):
+        deadline = time.monotonic() + 60
+        while load.ok["plain"] == 0:  # the load is served through the gateways before the first worker leaves them
+            assert time.monotonic() < deadline and not load.failures, (load.ok, load.failures[:3])
+            time.sleep(0.2)
         first = subprocess.Popen(
             argv, cwd=ROOT, env=playbook_env(EXTRA_ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -346,7 +382,8 @@ def test_rollout_under_load_has_zero_failed_requests_and_a_second_rollout_is_ref
         # the engine's own time: its stop (SGLang's drain, seconds with these long requests) and its warm-up
         assert t["engine_stop_s"] > 0 and t["engine_start_to_ready_s"] < t["engine_s"] < t["wall_s"], t
         assert t["own_overhead_s"] == pytest.approx(t["wall_s"] - t["engine_s"], abs=0.01), t
-    # Long requests were in flight at each worker's removal from the router (and none failed).
+    # Long requests were in flight at each worker's removal from the router (InFlight holds one on each; the load's
+    # requests through the gateways, none failed, may have been elsewhere at that moment).
     assert all(report["drain"][h]["in_flight_at_removal"] >= 1 for h in SERVERS), report["drain"]
     for h in SERVERS:
         assert unit_state(fleet[h])["start"] != before[h]["start"]
