@@ -235,8 +235,8 @@ def rollout_gateway_view(results) -> dict:
         invocations[gateway] = r.get("router_invocation", "")
         left_out.update(r.get("left_out") or {})
         drain.update(r.get("drain") or {})
-        if r.get("failed"):
-            failed[gateway] = str(r.get("msg", ""))
+        if r.get("failed") or r.get("unreachable"):
+            failed[gateway] = str(r.get("msg", "")) or ("unreachable" if r.get("unreachable") else "failed")
     return {
         "healthy": common(healthy),
         "in_router_urls": common(in_router),

@@ -36,9 +36,11 @@ description:
   - Run it on the gateway host (the router API is reached on I(api_url), usually 127.0.0.1).
   - With I(workers_file), the gateway's record of the workers that should be in the router is kept beside it;
     every worker removed here leaves the record before its C(DELETE), every worker healthy in the router after a
-    C(present) joins it. The router's launcher starts smg with the recorded workers (C(--worker-urls)), so a router
-    restart (a crash, an OOM kill, a reboot) comes back serving them without Ansible, and a worker a rollout took
-    out stays out.
+    C(present) joins it. When the router's API does not answer, the record still takes the intent (C(absent) drops
+    the URLs, C(present) adds those whose C(/health) answers 200 with I(health_timeout)) and the module fails saying
+    so: the router's next start serves the intended workers. The router's launcher starts smg with the recorded
+    workers (C(--worker-urls)), so a router restart (a crash, an OOM kill, a reboot) comes back serving them without
+    Ansible, and a worker a rollout took out stays out.
 options:
   api_url: {type: str, default: "http://127.0.0.1:30000", description: Router base URL.}
   api_key: {type: str, required: true, no_log: true, description: Control-plane key (admin role).}
@@ -380,7 +382,23 @@ def main() -> None:
     try:
         current = router.workers()
     except (OSError, RuntimeError) as exc:
-        module.fail_json(msg=f"router API at {p['api_url']} not usable: {exc}")
+        down = f"router API at {p['api_url']} not usable: {exc}"
+        if p["state"] == "query" or module.check_mode or not p["workers_file"]:
+            module.fail_json(msg=down)
+        # The record is the intent, kept whether the router answers or not: a router that is down starts again from
+        # it (its launcher's --worker-urls), so a worker removed now stays out and one added back now (its /health
+        # answering 200 from here, when health_timeout asks for the check) is in its list at the router's next start.
+        keep = [u for u in recorded if u not in wanted]
+        back = wanted
+        if p["state"] == "present" and p["health_timeout"] > 0:
+            back = [u for u, (status, _) in get_each(wanted, "/health", p["health_timeout"]).items() if status == 200]
+        intent = keep + back if p["state"] == "present" else keep
+        changed = write_record(p["workers_file"], intent, recorded)
+        module.fail_json(
+            msg=f"{down}; its record ({p['workers_file']}) now lists {', '.join(sorted(set(intent))) or 'no worker'} "
+            "for its next start",
+            changed=changed, recorded=sorted(set(intent)), in_router=False, in_router_urls=[],
+        )  # fmt: skip
     by_url = {norm(w["url"]): w for w in current}
     left_out = {}
     if p["state"] == "present" and p["health_timeout"] > 0 and not module.check_mode:

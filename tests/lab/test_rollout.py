@@ -20,7 +20,9 @@ In order, on the same lab (one bring-up):
    at the end every worker is in, and the report says the router restarted;
 6. a rollout of another flag change with a start fault on the third host stops at that batch: the host is
    rolled back and, proven healthy on its previous version, back in the router; the fourth is untouched (same
-   unit, same start), the first two keep the new flag; exit status, report and last line say so.
+   unit, same start), the first two keep the new flag; exit status, report and last line say so;
+7. a gateway's router stopped while a rollout holds its lock: the run ends ROLLOUT STOPPED with a report of this run
+   naming that gateway, the locks given back; started again, the gateway serves every healthy worker (its record).
 """
 
 from __future__ import annotations
@@ -546,3 +548,49 @@ def test_fault_on_the_third_host_stops_the_rollout_there(fleet):
     assert f"In the router: {', '.join(sorted(SERVERS))}." in " ".join(proc.stdout.split())
     assert json.loads(on(gw, f"cat {RECORD}")) == {"workers": urls}
     assert all(not files for files in lock_files(fleet).values())
+
+
+def test_a_gateway_stopped_in_the_middle_of_a_rollout_ends_it_with_a_true_account(fleet):
+    """The second gateway's router is stopped once the rollout holds its lock: the batch then under way cannot take
+    its workers out of (or put them back into) that gateway. The run ends ROLLOUT STOPPED with its report (last.json
+    is this run's, naming the gateway it could not read) and gives its locks back; the stopped gateway's record kept
+    the intent, so once started again it serves every healthy worker, without Ansible."""
+    gw, down = fleet[GATEWAYS[0]], fleet[GATEWAYS[1]]
+    extra = common_extra(rollout_serial=[1, "100%"], sglang_server_args_host={"chunked-prefill-size": 2048})
+    vars_file = WORK / "rollout-gateway-down.json"
+    vars_file.write_text(json.dumps(extra))
+    argv = ["ansible-playbook", "-i", str(WORK / "hosts.yml"), "-e", f"@{vars_file}", "playbooks/rollout.yml"]
+    run = subprocess.Popen(
+        argv, cwd=ROOT, env=playbook_env(EXTRA_ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while "rollout-fleet.lock" not in on(gw, "ls /var/lib/gpufleet/locks 2>/dev/null || true"):
+            assert run.poll() is None and time.monotonic() < deadline, "the rollout never took its lock"
+            time.sleep(0.5)
+        on(down, "systemctl stop smg-router")
+        out, _ = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    (WORK / "rollout-gateway-down.log").write_text(out)
+    seen = " ".join(out.split())
+    assert run.returncode != 0 and "ROLLOUT STOPPED at batch 1" in seen, out[-4000:]
+    report = json.loads((WORK / "reports/rollout/last.json").read_text())
+    assert report["result"] == "stopped" and report["run_id"] in out, report
+    assert list(report["router_unread"]) == [GATEWAYS[1]], report["router_unread"]
+    assert f"Gateways not read at the end: {GATEWAYS[1]}:" in seen
+    assert set(report["hosts"]) == set(SERVERS) and report["hosts"][SERVERS[1]] == "untouched", report["hosts"]
+    assert all(not files for files in lock_files(fleet).values())
+    # the stopped gateway comes back with its record: every healthy worker, the canary included
+    everyone = sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
+    assert json.loads(on(down, f"cat {RECORD}")) == {"workers": everyone}
+    on(down, "systemctl start smg-router")
+    deadline = time.monotonic() + 120
+    while True:
+        with contextlib.suppress(OSError, AssertionError):
+            if healthy_urls(down["address"]) == everyone:
+                break
+        assert time.monotonic() < deadline, "the restarted gateway does not serve every worker"
+        time.sleep(0.5)
+    assert healthy_urls(gw["address"]) == everyone

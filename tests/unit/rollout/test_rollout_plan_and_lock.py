@@ -290,3 +290,22 @@ def test_several_gateways_are_one_router_for_the_rollout():
     assert view["invocations"] == {"gw-1": "i1", "gw-2": "i2"} and view["unavailable_s"] == 1.5
     empty = rollout.rollout_gateway_view([])
     assert empty["healthy"] == [] and empty["by_gateway"] == {} and empty["unavailable_s"] == 0.0
+
+
+def test_a_gateway_down_or_unreachable_is_named_and_its_workers_count_as_out():
+    """What the plan refuses by name and the end of a run reports (router_unread): a gateway whose router does not
+    answer (the module failed) or whose host cannot be reached; a worker is in the router only where every gateway
+    lists it, so none is while one cannot be read."""
+    up = {"item": "gw-1", "workers": [{"url": "http://a:8000", "is_healthy": True}]}
+    results = [
+        up,
+        {"item": "gw-2", "failed": True, "msg": "router API at http://127.0.0.1:30000 not usable: refused"},
+        {"item": "gw-3", "unreachable": True, "msg": "Failed to connect to the host via ssh"},
+    ]
+    view = rollout.rollout_gateway_view(results)
+    assert view["failed"] == {
+        "gw-2": "router API at http://127.0.0.1:30000 not usable: refused",
+        "gw-3": "Failed to connect to the host via ssh",
+    }
+    assert view["healthy"] == [] and view["by_gateway"]["gw-1"] == ["http://a:8000"]
+    assert rollout.rollout_gateway_view([up])["failed"] == {}
