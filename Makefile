@@ -118,6 +118,7 @@ lint: promtool
 	ruff check .
 	ruff format --check .
 	ansible-lint --profile production
+	python tools/check_cited_results.py
 	$(PROMTOOL) check rules roles/fleet_monitor/files/rules/*.yml
 
 unit:

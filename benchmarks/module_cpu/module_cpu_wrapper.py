@@ -15,7 +15,8 @@ async_wrapper, so only its launch is counted. Its own start (``-S``, no site) ad
         -e ansible_python_interpreter=/usr/local/bin/module-cpu -e ...
     ansible -i tmp/perf-fleet/hosts.yml all -m fetch -a 'src=/var/tmp/module_cpu.log dest=tmp/module-cpu/'
 
-docs/performance.md (2026-12-04, "Module runs on the host") has what it showed.
+docs/measurements/2026-12-04-fleet-rollout.md (the 07:32 UTC entry, "Where a server host's CPU goes") has what it
+showed.
 """
 
 import json

@@ -5,13 +5,13 @@ runs), with the facts of a deployed lab, facts injected as variables or not.
     python benchmarks/suite/get_vars_cost.py [--inventory tmp/perf-fleet/hosts.yml] [--facts tmp/perf-fleet/facts]
         [--host perf-fleet-05] [--calls 200] [--output benchmarks/results/get_vars_cost.json]
 
-Under the linear strategy the main process computes every host's variables for every task before the task's last
-host starts (docs/performance.md: 35 task results per host in a rollout batch), so this cost is one part of what a
-batch's overhead gains per host however many cores the controller has (the worker's fork and the result handling
-are the others). Each setting runs in its own Python
-process (ansible-core reads its configuration once), alternating, `--repeats` times; the best and median ms per call
-are printed and saved. The facts come from the lab's fact cache (`ANSIBLE_CACHE_PLUGIN_CONNECTION`, as
-benchmarks/suite/fleet_rollout.py leaves it): run that benchmark (or a deploy of the lab) first.
+Under the linear strategy the main process computes every host's variables for every task before the task's last host
+starts (docs/measurements/2026-12-04-fleet-rollout.md: 35 task results per host in a rollout batch), so this cost is one
+part of what a batch's overhead gains per host however many cores the controller has (the worker's fork and the result
+handling are the others). Each setting runs in its own Python process (ansible-core reads its configuration once),
+alternating, `--repeats` times; the best and median ms per call are printed and saved. The facts come from the lab's
+fact cache (`ANSIBLE_CACHE_PLUGIN_CONNECTION`, as benchmarks/suite/fleet_rollout.py leaves it): run that benchmark (or a
+deploy of the lab) first.
 """
 
 from __future__ import annotations

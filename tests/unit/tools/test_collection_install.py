@@ -67,7 +67,7 @@ def test_the_artifact_holds_the_collection_and_nothing_of_the_checkout(installed
     artifact, path, _user, _env = installed
     with tarfile.open(artifact) as tar:
         names = set(tar.getnames())
-    for needed in ("MANIFEST.json", "meta/runtime.yml", "playbooks/deploy.yml",
+    for needed in ("MANIFEST.json", "LICENSE", "meta/runtime.yml", "playbooks/deploy.yml",
                    "roles/gpu_facts/tasks/main.yml", "plugins/modules/gpu_facts.py",
                    "plugins/module_utils/procfs.py", "plugins/filter/gpu_facts_filters.py"):  # fmt: skip
         assert needed in names, needed

@@ -4,12 +4,12 @@ only on the ansible-core minor version it was tested with (TESTED_ANSIBLE_CORE);
 ansible.builtin.jsonfile. Enable it with `. tools/ansible_speedups/env.sh` (docs/performance.md).
 
 ansible-core 2.19 wraps every persistent cache plugin in an interposer (``ansible._internal._plugins._cache``) that
-JSON-decodes the host's whole cached document on every read, and the variable manager reads it for every task and
-host. With gpufleet's facts (gpu_facts, the derived NCCL settings, the preflight, the setup facts of the stage
-playbooks: about 35 KB a host) that was 13 ms of the controller's single main process per task and host, before a
-worker is even forked: cProfile of one forced restart by ``playbooks/deploy_server.yml`` on a lab host, 123 decodes
-for 111 task results (docs/performance.md, "The fact cache"). In a rollout batch that cost is paid once per task and
-host of the batch, one after the other.
+JSON-decodes the host's whole cached document on every read, and the variable manager reads it for every task and host.
+With gpufleet's facts (gpu_facts, the derived NCCL settings, the preflight, the setup facts of the stage playbooks:
+about 35 KB a host) that was 13 ms of the controller's single main process per task and host, before a worker is even
+forked: cProfile of one forced restart by ``playbooks/deploy_server.yml`` on a lab host, 123 decodes for 111 task
+results (docs/measurements/2026-12-03-controller-cpu.md, "The fact cache"). In a rollout batch that cost is paid once
+per task and host of the batch, one after the other.
 
 This plugin reads and writes exactly what ansible.builtin.jsonfile does (the same file names, schema prefix and
 payload, through ansible-core's own cache encoder and decoder), so either plugin reads what the other wrote; it keeps

@@ -5,8 +5,8 @@ off with a warning on any other. Enable it with `. tools/ansible_speedups/env.sh
 
 ansible-core builds each module it sends (the module and every module_utils file it imports, found by parsing their
 sources, zipped) once per run, in the run's own temporary folder, and deletes it at the end: about 0.3 CPU s per
-distinct module per run on this project's controllers (docs/performance.md, "Module builds"). A no-op
-deploy_server.yml on one lab host builds 12 modules; the project's test suite starts hundreds of runs.
+distinct module per run on this project's controllers (docs/measurements/2026-12-03-controller-cpu.md, "Module builds").
+A no-op deploy_server.yml on one lab host builds 12 modules; the project's test suite starts hundreds of runs.
 
 At the start of a run this plugin copies the builds of earlier runs into the run's cache folder, where ansible-core
 looks first; at the end it keeps the run's new builds. The builds are kept under a digest of everything a build is
@@ -16,12 +16,12 @@ module and module_utils folders of ansible-core and of every collection on the c
 ``library``, ``ansible.legacy`` names) are never kept. The folder is the controller user's (0700), like ansible-core's
 own temporary folder, since a build is a pickle that ansible-core loads.
 
-A kept build also carries the bytecode of every Python file of its zip (hash-based ``.pyc`` beside each ``.py``,
-checked against the source, compiled by the controller's Python). The module runs from that zip on the managed host
-(zipimport), and Python compiles every module it imports from a zip again in every run, since it cannot write a
-cache there: importing ansible's ``module_utils.basic`` and a module cost 0.35-0.39 CPU s from the plain zip and
-0.23 s with the bytecode (docs/performance.md). A host whose Python is of another minor version finds the bytecode's
-magic number wrong and compiles the sources as before (zipimport's fallback).
+A kept build also carries the bytecode of every Python file of its zip (hash-based ``.pyc`` beside each ``.py``, checked
+against the source, compiled by the controller's Python). The module runs from that zip on the managed host (zipimport),
+and Python compiles every module it imports from a zip again in every run, since it cannot write a cache there:
+importing ansible's ``module_utils.basic`` and a module cost 0.35-0.39 CPU s from the plain zip and 0.23 s with the
+bytecode (docs/measurements/2026-12-03-controller-cpu.md). A host whose Python is of another minor version finds the
+bytecode's magic number wrong and compiles the sources as before (zipimport's fallback).
 """
 
 from __future__ import annotations
