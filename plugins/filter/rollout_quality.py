@@ -1,15 +1,22 @@
 """Filters of the rollout's quality gate (roles/rollout tasks/quality_*.yml; docs/quality-gate.md): the key of a
-host's quality baseline (GPU class, model, lane) with its file name, and why a stored baseline cannot judge a run.
-The scoring itself is module_utils/sglang_quality_eval.py's (module sglang_quality_eval)."""
+host's quality baseline (GPU class, model, lane) with its file name, why a stored baseline cannot judge a run, and
+which baselines a baseline run writes from the hosts it scored. The scoring itself is
+module_utils/sglang_quality_eval.py's (module sglang_quality_eval)."""
 
 from __future__ import annotations
 
+from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.fleet.plugins.filter.serving_bench import gpu_class, slug
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_quality_eval import (
     baseline_problems,
     check_eval_set,
     eval_set_digest,
 )
+
+
+def baseline_file(gpu_cls: str, model: str, lane: str) -> str:
+    """'<class>--<model>--<lane>.json', each part as a file name (serving_bench_slug)."""
+    return f"{slug(gpu_cls)}--{slug(model)}--{slug(lane)}.json"
 
 
 def rollout_quality_key(host_vars, model: str, default_lane: str = "", deployed_lane: str = "") -> dict:
@@ -35,7 +42,7 @@ def rollout_quality_key(host_vars, model: str, default_lane: str = "", deployed_
         "gpu_class": cls,
         "model": model,
         "lane": lane,
-        "file": f"{slug(cls)}--{slug(model)}--{slug(lane)}.json",
+        "file": baseline_file(cls, model, lane),
         # the host's merged flags have enable-nan-detection (SGLang logs NaN logits only then)
         "nan_detection": str(nan).lower() in ("true", "1", "yes", "on"),
     }
@@ -53,10 +60,87 @@ def rollout_quality_baseline_problems(baseline, key: dict, eval_set: dict, path:
     return baseline_problems(baseline or {}, key or {}, eval_set_digest(eval_set or {}), path)
 
 
+# How a baseline run makes one baseline of the hosts of one GPU class, model and lane
+# (rollout_quality_gate_baseline_rule; docs/quality-gate.md, "Writing baselines").
+BASELINE_RULES = ("agree", "max", "median")
+
+
+def _shown(record: dict) -> str:
+    return f"{record.get('host')} {float(record.get('score', 0)):.3f} ({record.get('correct')}/{record.get('total')})"
+
+
+def _missed(record: dict, best: dict, limit: int = 5) -> str:
+    """The items ``record`` got wrong that ``best`` got right (at most ``limit``, then how many more)."""
+    ok = {i.get("id") for i in best.get("items", []) if i.get("ok")}
+    ids = [i.get("id") for i in record.get("items", []) if not i.get("ok") and i.get("id") in ok]
+    more = f" and {len(ids) - limit} more" if len(ids) > limit else ""
+    return ", ".join(str(i) for i in ids[:limit]) + more
+
+
+def rollout_quality_baselines(records, rule: str = "agree") -> dict:
+    """The baselines a baseline run writes from the records it measured (module sglang_quality_eval's
+    ``baseline_record`` of each host, in inventory order), one per GPU class, model and lane.
+
+    The hosts of one key ran the same engine, model and evaluation set at temperature 0; when their scores differ,
+    one of them may be the silent fault the gate is for, and a baseline taken from it lowers the floor of every later
+    rollout. ``rule`` says what then happens:
+
+    * ``agree`` (the default): no baseline is written at all; ``refused`` names each disagreeing key, each host's
+      score and the items a lower host missed that the best one answered;
+    * ``max``: the best host's record (the first in inventory order of the highest score): the strictest floor;
+    * ``median``: the record of the median score (of an even count the higher of the two middle ones; the first
+      host in inventory order with it).
+
+    With ``max`` and ``median`` a disagreement is written anyway and named in ``warnings``. Every written record
+    gets ``hosts`` ({host: score} of its key) and ``baseline_rule``. Returns ``{write: [{file, record}], refused:
+    [str], warnings: [str]}``."""
+    if rule not in BASELINE_RULES:
+        raise AnsibleFilterError(
+            f"rollout_quality_gate_baseline_rule={rule!r}: choose one of {', '.join(BASELINE_RULES)} "
+            "(docs/quality-gate.md, 'Writing baselines')"
+        )
+    groups: dict[tuple, list[dict]] = {}
+    for record in records or []:
+        groups.setdefault((record.get("gpu_class"), record.get("model"), record.get("lane")), []).append(record)
+    write, refused, warnings = [], [], []
+    for (cls, model, lane), group in groups.items():
+        by_score = sorted(group, key=lambda r: float(r.get("score", 0)))  # stable: inventory order among equals
+        best = next(r for r in group if float(r.get("score", 0)) == float(by_score[-1].get("score", 0)))
+        scores = ", ".join(_shown(r) for r in group)
+        disagree = len({float(r.get("score", 0)) for r in group}) > 1
+        lower = "; ".join(
+            f"{r.get('host')} missed {_missed(r, best)}"
+            for r in group
+            if float(r.get("score", 0)) < float(best.get("score", 0)) and _missed(r, best)
+        )
+        lower = f" ({lower}, which {best.get('host')} answered)" if lower else ""
+        where = f"{cls}, {model}, {lane}"
+        if disagree and rule == "agree":
+            refused.append(f"{where}: the hosts disagree: {scores}{lower}")
+            continue
+        chosen = best
+        if rule == "median":
+            median = float(by_score[len(by_score) // 2].get("score", 0))
+            chosen = next(r for r in group if float(r.get("score", 0)) == median)
+        if disagree:
+            warnings.append(
+                f"{where}: the hosts disagree: {scores}{lower}; the baseline is {_shown(chosen)} "
+                f"(rollout_quality_gate_baseline_rule={rule})"
+            )
+        hosts = {str(r.get("host")): r.get("score") for r in group}
+        write.append(
+            {"file": baseline_file(cls, model, lane), "record": {**chosen, "hosts": hosts, "baseline_rule": rule}}
+        )
+    if refused:
+        write = []
+    return {"write": write, "refused": refused, "warnings": warnings}
+
+
 class FilterModule:
     def filters(self):
         return {
             "rollout_quality_key": rollout_quality_key,
             "rollout_quality_baseline_problems": rollout_quality_baseline_problems,
             "rollout_quality_eval_set_problems": rollout_quality_eval_set_problems,
+            "rollout_quality_baselines": rollout_quality_baselines,
         }

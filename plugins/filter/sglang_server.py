@@ -12,6 +12,7 @@ import re
 from ansible_collections.gpufleet.fleet.plugins.module_utils.filter_errors import as_filter_error
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_args_table import load_table, table_version
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_help import help_options
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_resolved_policy import rule_problem
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_journal import journal_match
 
 SECRET_OPTIONS = {"--api-key": "sglang_server_api_key", "--admin-api-key": "sglang_server_api_key"}
@@ -122,9 +123,10 @@ def sglang_help_options(help_text) -> list[str]:
 
 
 def sglang_resolved_policy_problems(policy, table_path=None) -> list[str]:
-    """What is wrong with sglang_server_resolved_policy ({GPU class or '*': {field: value}}): one line per problem,
+    """What is wrong with sglang_server_resolved_policy ({GPU class or '*': {field: rule}}): one line per problem,
     naming the entry; a field must be one of SGLang 0.5.9's server arguments (the pinned table, written as
-    /get_server_info names it: kv_cache_dtype for --kv-cache-dtype), a value a string, number or boolean."""
+    /get_server_info names it: kv_cache_dtype for --kv-cache-dtype), a rule a string, number or boolean (equality) or
+    one of {not: value}, {in: [values]}, {not_in: [values]} (module_utils/sglang_resolved_policy.py)."""
     if not isinstance(policy, dict):
         shape = "{GPU class or '*': {field: value}}"
         return [f"sglang_server_resolved_policy must be a mapping {shape}, got {policy!r}"]
@@ -140,8 +142,8 @@ def sglang_resolved_policy_problems(policy, table_path=None) -> list[str]:
             if field not in fields:
                 hint = " (written with dashes: use the /get_server_info name)" if "-" in str(field) else ""
                 problems.append(f"{where}: {field!r} is no server argument of SGLang 0.5.9{hint}")
-            elif not isinstance(value, (str, int, float, bool)):
-                problems.append(f"{where}: {field} must be a string, number or boolean, got {value!r}")
+            elif rule_problem(field, value):
+                problems.append(f"{where}: {rule_problem(field, value)}")
     return problems
 
 

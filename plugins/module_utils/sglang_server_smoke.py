@@ -11,6 +11,11 @@ import re
 import threading
 import time
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_resolved_policy import (
+    describe_rule,
+    rule_holds,
+    rule_problem,
+)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_http import http, server_api
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_journal import journal_lines
 
@@ -50,17 +55,21 @@ def resolved_settings(info: dict) -> dict:
 
 
 def policy_problems(info: dict, policy: dict) -> list[str]:
-    """One line per setting of ``policy`` ({field: value}) the engine did not resolve to: names the field, what it
-    resolved and what the policy needs."""
+    """One line per setting of ``policy`` ({field: rule}, module_utils/sglang_resolved_policy.py) the engine did not
+    resolve to: names the field, what it resolved and what the policy needs."""
     problems = []
-    for field, wanted in (policy or {}).items():
-        if field not in info:
+    for field, rule in (policy or {}).items():
+        broken = rule_problem(field, rule)
+        if broken:
+            problems.append(f"sglang_server_resolved_policy: {broken}")
+        elif field not in info:
             problems.append(
                 f"the engine reports no {field} in /get_server_info (sglang_server_resolved_policy names it)"
             )
-        elif str(info[field]).lower() != str(wanted).lower():
+        elif not rule_holds(info[field], rule):
             problems.append(
-                f"the engine resolved {field}={info[field]!r} where sglang_server_resolved_policy needs {wanted!r}"
+                f"the engine resolved {field}={info[field]!r} where sglang_server_resolved_policy needs "
+                f"{describe_rule(rule)}"
             )
     return problems
 

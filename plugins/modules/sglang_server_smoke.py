@@ -91,8 +91,10 @@ options:
     default: []
   resolved_policy:
     description:
-      - "Settings the engine must have resolved, C({field: value}) of C(/get_server_info) (after SGLang resolved its
+      - "Settings the engine must have resolved, C({field: rule}) of C(/get_server_info) (after SGLang resolved its
         C(auto) values, e.g. C(kv_cache_dtype)); a difference fails the check, naming the field."
+      - "A rule is a value (equality) or one of C({not: value}), C({in: [values]}), C({not_in: [values]}), compared
+        as text, case-insensitively; a malformed rule fails the check, naming it."
     type: dict
     default: {}
 author: gpufleet

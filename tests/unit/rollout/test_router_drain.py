@@ -8,6 +8,7 @@ import http.client
 import json
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,14 +35,18 @@ def serving(handler, state: dict):
 
 @pytest.fixture
 def worker():
-    """A loopback HTTP endpoint answering /v1/loads from a script of counts (the last one repeats) and /health."""
+    """A loopback HTTP endpoint answering /v1/loads from a script of counts and /health with a status or a script of
+    statuses (the last one of a script repeats)."""
     state = {"counts": [0], "health": 200, "gets": []}
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
             state["gets"].append(self.path)
             if self.path == "/health":
-                self.send_response(state["health"])
+                health = state["health"]
+                if isinstance(health, list):
+                    health = health.pop(0) if len(health) > 1 else health[0]
+                self.send_response(health)
                 self.end_headers()
                 return
             count = state["counts"].pop(0) if len(state["counts"]) > 1 else state["counts"][0]
@@ -99,16 +104,76 @@ def test_a_worker_whose_health_is_not_200_is_never_added(worker, capsys):
     assert worker["gets"] == ["/workers", "/health"]
 
 
+# smg's answers to a worker ID that is not a UUID and to one it does not know (lightseekorg/smg at commit
+# 73da68ca9472, model_gateway/src/worker/service.rs: parse_worker_id, lines 249-256, runs first in delete_worker,
+# lines 446-457; InvalidId is 400 BAD_REQUEST and NotFound 404 WORKER_NOT_FOUND, lines 51-72, with the messages of
+# lines 78-83, in the body {error, code} of lines 102-109; the text after "Error:" is the uuid crate's there, Python's
+# here). Python's uuid.UUID reads the forms Rust's uuid::Uuid::parse_str reads (hyphenated, 32 hex digits, braced,
+# urn:uuid:).
+def smg_worker_id_error(raw: str, known: bool) -> tuple[int, dict] | None:
+    try:
+        uuid.UUID(raw)
+    except ValueError as exc:
+        return 400, {"error": f"Invalid worker_id '{raw}' (expected UUID). Error: {exc}", "code": "BAD_REQUEST"}
+    if not known:
+        return 404, {"error": f"Worker {raw} not found", "code": "WORKER_NOT_FOUND"}
+    return None
+
+
+def http_health(url: str) -> bool:
+    """smg's reachability probe of a worker (model_gateway/src/workflow/steps/util.rs try_http_reachable, lines
+    75-91): GET <url>/health, and any 4xx/5xx answer (reqwest's error_for_status) or none at all is a failure."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+            return resp.status < 400
+    except OSError:
+        return False
+
+
 @pytest.fixture
 def router():
     """A loopback stand-in for smg's worker API (GET/POST /workers, DELETE /workers/<id>), as strict as smg 1.13.0
-    where the module depends on it: a call without the control-plane key is answered 401; a POSTed worker is probed
-    first and listed (healthy, under a UUID) only when its /health answers, as smg's registration job does, never
-    an unreachable one; a deleted one is listed as draining (not healthy) for the next state["settle_gets"] GETs,
-    then gone, as smg lists it through its settle window (the real router takes seconds; the module waits); a POST of
-    a URL it lists or is still registering (state["creating"]: URL -> GETs until listed, what smg's launcher does with
-    the gateway's record at a start) is answered 409, as smg 1.13.0 answers it."""
-    state = {"workers": {}, "calls": [], "settle_gets": 0, "draining": {}, "posted": [], "key": "k", "creating": {}}
+    where the module depends on it (cited from lightseekorg/smg at commit 73da68ca9472, whose crates say 1.9.0, and
+    checked on the 1.13.0 wheel in the lab, docs/fleet-router.md "smg facts"):
+
+    - a call without the control-plane key is answered 401;
+    - a POSTed worker (and one smg's launcher re-adds at a start: state["register"](url, delay)) is a registration
+      job, answered 202 with the worker's UUID; the job probes the worker's /health and lists it (healthy, under
+      that UUID) only once a probe passes, as smg's detect_connection_mode step does (workflow/steps/local/
+      detect_connection.rs, lines 55-83), once per check interval for a bounded number of attempts
+      (workflow/steps/mod.rs, lines 80-85 and 107-120: at least 3; here one interval is one GET /workers and
+      state["probes"] attempts), after which the job fails and the worker is never listed;
+    - a POST of a URL it lists or is still registering is answered 409 (WORKER_ALREADY_EXISTS,
+      WORKER_CREATE_IN_PROGRESS), as smg 1.13.0 answers it;
+    - DELETE /workers/<id>: 400 for an ID that is not a UUID, 404 for a UUID it does not know, else 202; the deleted
+      worker is listed as draining (not healthy) for the next state["settle_gets"] GETs, then gone, as smg lists it
+      through its settle window (the real router takes seconds; the module waits); a DELETE of a draining worker is
+      answered 202 again."""
+    state = {"workers": {}, "calls": [], "settle_gets": 0, "draining": {}, "posted": [], "key": "k", "creating": {},
+             "probes": 3}  # fmt: skip
+
+    def register(url: str, delay: int = 0) -> str:
+        """Start a registration job for ``url``: its first probe after ``delay`` GETs; the worker's UUID."""
+        worker_id = str(uuid.uuid4())
+        state["creating"][url] = {"id": worker_id, "delay": delay, "probes": state["probes"]}
+        return worker_id
+
+    def run_jobs() -> None:
+        """One check interval of every registration job in flight: a probe; listed when it passes, dropped when
+        its attempts are spent."""
+        for url, job in list(state["creating"].items()):
+            if job["delay"] > 0:
+                job["delay"] -= 1
+                continue
+            if http_health(url):
+                del state["creating"][url]
+                state["workers"][job["id"]] = url
+                continue
+            job["probes"] -= 1
+            if job["probes"] <= 0:
+                del state["creating"][url]
+
+    state["register"] = register
 
     class Handler(BaseHTTPRequestHandler):
         def answer(self, status, body=None):
@@ -130,11 +195,7 @@ def router():
             if self.refused():
                 return
             state["calls"].append(("GET", self.path))
-            for url, left in list(state["creating"].items()):  # a registration job in flight: listed once it ends
-                state["creating"][url] = left - 1
-                if left <= 1:
-                    del state["creating"][url]
-                    state["workers"][str(uuid.uuid4())] = url
+            run_jobs()
             workers = [{"id": i, "url": u, "is_healthy": True, "status": "ready"} for i, u in state["workers"].items()]
             for worker_id, (url, left) in list(state["draining"].items()):
                 workers.append({"id": worker_id, "url": url, "is_healthy": False, "status": "draining"})
@@ -155,25 +216,26 @@ def router():
                 code = "WORKER_ALREADY_EXISTS" if known else "WORKER_CREATE_IN_PROGRESS"
                 self.answer(409, {"error": f"Worker at URL '{url}': {code}", "code": code})
                 return
-            try:  # smg's registration job probes the worker before it lists it
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    answers = resp.status == 200
-            except OSError:
-                answers = False
-            if answers:
-                state["workers"][str(uuid.uuid4())] = url
-            self.answer(202, {"status": "accepted"})
+            worker_id = register(url)
+            self.answer(202, {"status": "accepted", "worker_id": worker_id, "url": url,
+                              "location": f"/workers/{worker_id}"})  # fmt: skip
 
         def do_DELETE(self):  # noqa: N802
             if self.refused():
                 return
             state.get("on_delete", lambda: None)()
             worker_id = self.path.rsplit("/", 1)[1]
-            url = state["workers"].pop(worker_id, worker_id)
+            error = smg_worker_id_error(worker_id, worker_id in state["workers"] or worker_id in state["draining"])
+            if error:
+                state["calls"].append(("DELETE", worker_id))
+                self.answer(*error)
+                return
+            url = state["workers"].pop(worker_id, None) or state["draining"][worker_id][0]
             state["calls"].append(("DELETE", url))
-            if state["settle_gets"] and url != worker_id:
+            if state["settle_gets"] and worker_id not in state["draining"]:
                 state["draining"][worker_id] = (url, state["settle_gets"])
-            self.answer(202)
+            self.answer(202, {"status": "accepted", "worker_id": worker_id,
+                              "message": "Worker removal queued for background processing"})  # fmt: skip
 
         def log_message(self, *args):
             pass
@@ -202,7 +264,7 @@ def test_a_batch_is_added_back_in_one_run_leaving_out_the_unhealthy_worker(route
 def test_a_worker_the_router_lists_healthy_is_not_probed_again(router, worker, capsys):
     """A no-op deploy.yml: the router already lists the worker healthy (its own /health check passed), so the module
     neither waits for another /health (a one-token generation on SGLang) nor posts it again."""
-    router["workers"]["a"] = worker["url"]
+    router["workers"][str(uuid.uuid4())] = worker["url"]
     args = {"api_url": router["url"], "api_key": "k", "state": "present", "urls": [worker["url"]], "health_timeout": 5,
             "leave_out_unhealthy": True}  # fmt: skip
     result, failed = run_module(MODULE, args, capsys)
@@ -214,14 +276,68 @@ def test_a_worker_the_router_lists_healthy_is_not_probed_again(router, worker, c
 def test_a_worker_the_restarted_router_is_still_registering_is_waited_for_not_refused(router, worker, capsys):
     """Right after a router restart smg's launcher re-adds the gateway's record: a worker not yet listed is being
     created, and smg 1.13.0 answers a POST of it 409 (WORKER_CREATE_IN_PROGRESS). The module waits for it to be
-    listed healthy instead of failing the run."""
-    router["creating"][worker["url"]] = 2
+    listed healthy instead of failing the run (the router's job lists it once its own probe of the worker passes,
+    here two GETs after the module's first read)."""
+    router["register"](worker["url"], delay=2)
     args = {"api_url": router["url"], "api_key": "k", "state": "present", "urls": [worker["url"]], "health_timeout": 5,
             "leave_out_unhealthy": True}  # fmt: skip
     result, failed = run_module(MODULE, args, capsys)
     assert not failed, result
     assert result["in_router"] is True and result["in_router_urls"] == [worker["url"]]
     assert [c for c in router["calls"] if c[0] == "POST"] == [("POST", worker["url"])]
+
+
+def test_a_worker_the_restarted_routers_probe_never_reaches_is_not_reported_in_the_router(router, worker, capsys):
+    """smg's launcher re-adds the gateway's record at a start; a worker whose /health fails every probe of that
+    registration job is never listed (smg's job gives up after its attempts). The module, told the URL is being
+    created (409), waits for it and fails naming it: it never reports a worker in the router that the router left
+    out."""
+    worker["health"] = 503
+    router["register"](worker["url"], delay=1)
+    args = {"api_url": router["url"], "api_key": "k", "state": "present", "urls": [worker["url"]],
+            "wait_timeout": 3}  # fmt: skip
+    result, failed = run_module(MODULE, args, capsys)
+    assert failed and result["in_router"] is False, result
+    assert f"not healthy in its list: {worker['url']}" in result["msg"]
+    assert router["workers"] == {} and router["creating"] == {}  # the job gave up: nothing listed
+    assert worker["gets"].count("/health") == router["probes"]
+
+
+def test_a_worker_that_answers_only_after_the_post_is_added_once_the_routers_probe_passes(router, worker, capsys):
+    """smg's registration job probes a posted worker again at its check interval until a probe passes: a server
+    whose /health answers 503 at the first probe and 200 at the next is added, and the module reports it in."""
+    worker["health"] = [503, 200]
+    args = {"api_url": router["url"], "api_key": "k", "state": "present", "urls": [worker["url"]],
+            "wait_timeout": 10}  # fmt: skip
+    result, failed = run_module(MODULE, args, capsys)
+    assert not failed, result
+    assert result["in_router"] is True and result["in_router_urls"] == [worker["url"]]
+    assert worker["gets"] == ["/health", "/health"]  # the router's two probes (the module's health_timeout is 0)
+
+
+def test_the_stand_in_answers_deletes_as_smg_does(router):
+    """DELETE /workers/<id>: 400 BAD_REQUEST for an ID that is not a UUID, 404 WORKER_NOT_FOUND for a UUID the router
+    does not know, 202 for a listed worker and again while it drains (smg's worker/service.rs, cited above)."""
+    worker_id, unknown = str(uuid.uuid4()), str(uuid.uuid4())
+    router["workers"][worker_id] = "http://127.0.0.1:9"
+    router["settle_gets"] = 5
+
+    def delete(raw):
+        req = urllib.request.Request(f"{router['url']}/workers/{raw}", method="DELETE")
+        req.add_header("Authorization", "Bearer k")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    status, body = delete("a")
+    assert status == 400 and body["code"] == "BAD_REQUEST"
+    assert body["error"].startswith("Invalid worker_id 'a' (expected UUID). Error: ")
+    assert delete(unknown) == (404, {"error": f"Worker {unknown} not found", "code": "WORKER_NOT_FOUND"})
+    assert delete(worker_id)[0] == 202 and router["draining"] == {worker_id: ("http://127.0.0.1:9", 5)}
+    assert delete(worker_id)[0] == 202  # queued already: accepted again
+    assert router["workers"] == {}
 
 
 def test_without_leave_out_one_unhealthy_worker_fails_the_run_and_adds_none(router, worker, capsys):
@@ -234,7 +350,7 @@ def test_without_leave_out_one_unhealthy_worker_fails_the_run_and_adds_none(rout
 
 def test_a_batch_is_taken_out_in_one_run_and_its_workers_drain_together(router, worker, capsys):
     other = "http://127.0.0.1:9"
-    router["workers"].update({"a": worker["url"], "b": other})
+    router["workers"].update({str(uuid.uuid4()): worker["url"], str(uuid.uuid4()): other})
     worker["counts"] = [2, 1, 0]  # read before the DELETE, then once a second
     args = {"api_url": router["url"], "api_key": "k", "state": "absent", "urls": [worker["url"], other],
             "drain_timeout": 10}  # fmt: skip
@@ -260,7 +376,7 @@ def test_a_removed_worker_listed_as_draining_is_out_and_its_drain_starts_at_once
     """smg 1.13.0 lists a deleted worker as draining (its policies select it no more) for its settle window of 5 s:
     the removal does not wait for the worker to leave the list before the drain of the worker's own requests."""
     router["settle_gets"] = 100  # longer than the run: the worker stays listed as draining
-    router["workers"]["a"] = worker["url"]
+    router["workers"][str(uuid.uuid4())] = worker["url"]
     args = {"api_url": router["url"], "api_key": "k", "state": "absent", "urls": [worker["url"]], "drain_timeout": 5,
             "wait_timeout": 3}  # fmt: skip
     result, failed = run_module(MODULE, args, capsys)
@@ -274,7 +390,7 @@ def test_a_worker_still_draining_is_added_back_only_after_the_router_dropped_it(
     """A POST for a URL the router still lists as draining would race its removal: the module waits until it is gone
     (three more GETs here), then posts it and waits until it is healthy."""
     router["settle_gets"] = 3
-    router["workers"]["a"] = worker["url"]
+    router["workers"][str(uuid.uuid4())] = worker["url"]
     out, failed = run_module(MODULE, {"api_url": router["url"], "api_key": "k", "state": "absent",
                                       "urls": [worker["url"]]}, capsys)  # fmt: skip
     assert not failed and out["draining"] == [worker["url"]]

@@ -206,5 +206,58 @@ def test_resolved_policy_names_are_checked_before_any_change():
         "dashes: use the /get_server_info name)",
         "sglang_server_resolved_policy['*']: 'kv_cache_type' is no server argument of SGLang 0.5.9",
         "sglang_server_resolved_policy['H200 x8'] must be a mapping {field: value}, got 'bfloat16'",
-        "sglang_server_resolved_policy['B']: page_size must be a string, number or boolean, got [64]",
+        "sglang_server_resolved_policy['B']: page_size must be a value (a string, number or boolean), {not: value}, "
+        "{in: [values]} or {not_in: [values]}, got the list [64] (for one of several values write {in: [...]})",
+    ]
+
+
+def test_resolved_policy_rules_other_than_equality_are_checked_before_any_change():
+    """A field's rule may be {not: value}, {in: [values]} or {not_in: [values]}; a malformed one is refused before any
+    change, naming the entry, the field and the forms a rule may take."""
+    from ansible_collections.gpufleet.fleet.plugins.filter.sglang_server import sglang_resolved_policy_problems
+
+    good = {"*": {"kv_cache_dtype": {"not": "fp8_e4m3"}, "page_size": {"in": [1, 64]}},
+            "H200 x8": {"attention_backend": {"not_in": ["triton", "torch_native"]},
+                        "enable_metrics": True}}  # fmt: skip
+    assert sglang_resolved_policy_problems(good) == []
+    bad = {"*": {"kv_cache_dtype": {"nott": "fp8_e4m3"}, "dtype": {"not": ["float16", "float32"]},
+                 "page_size": {"in": []}, "attention_backend": {"not_in": "triton"},
+                 "quantization": {"in": ["fp8"], "not": "fp4"}}}  # fmt: skip
+    assert sglang_resolved_policy_problems(bad) == [
+        "sglang_server_resolved_policy['*']: kv_cache_dtype: {'nott': 'fp8_e4m3'} has the operator(s) 'nott'; a rule "
+        "has exactly one of not, in, not_in",
+        "sglang_server_resolved_policy['*']: dtype: not takes one value (a string, number or boolean), got "
+        "['float16', 'float32'] (for several values write {not_in: [...]})",
+        "sglang_server_resolved_policy['*']: page_size: in takes a non-empty list of strings, numbers or booleans, "
+        "got []",
+        "sglang_server_resolved_policy['*']: attention_backend: not_in takes a non-empty list of strings, numbers or "
+        "booleans, got 'triton'",
+        "sglang_server_resolved_policy['*']: quantization: {'in': ['fp8'], 'not': 'fp4'} has the operator(s) 'in', "
+        "'not'; a rule has exactly one of not, in, not_in",
+    ]
+
+
+def test_smoke_holds_the_resolved_settings_to_not_and_in_rules(serve, run_module):
+    """The engine resolved kv_cache_dtype fp8_e4m3: 'anything but fp8_e4m3' and 'none of fp8_e4m3, fp8_e5m2' fail the
+    check naming what it resolved and what the rule needs; 'one of bfloat16, fp8_e4m3' passes (case-insensitively,
+    as the plain value does)."""
+    sim = serve(args=["--kv-cache-dtype", "fp8_e4m3"])
+
+    def failures(rule):
+        result, _ = run_module("sglang_server_smoke", smoke_args(sim, resolved_policy={"kv_cache_dtype": rule}))
+        return result["failures"]
+
+    assert failures({"in": ["bfloat16", "FP8_E4M3"]}) == []
+    assert failures({"not": "bfloat16"}) == []
+    assert failures({"not": "fp8_e4m3"}) == [
+        "the engine resolved kv_cache_dtype='fp8_e4m3' where sglang_server_resolved_policy needs anything but "
+        "'fp8_e4m3'"
+    ]
+    assert failures({"not_in": ["fp8_e4m3", "fp8_e5m2"]}) == [
+        "the engine resolved kv_cache_dtype='fp8_e4m3' where sglang_server_resolved_policy needs none of 'fp8_e4m3', "
+        "'fp8_e5m2'"
+    ]
+    assert failures({"in": ["auto", "bfloat16"]}) == [
+        "the engine resolved kv_cache_dtype='fp8_e4m3' where sglang_server_resolved_policy needs one of 'auto', "
+        "'bfloat16'"
     ]
