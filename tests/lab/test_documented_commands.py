@@ -7,13 +7,17 @@ also runs the monitor):
 1. `make deploy` sets the machine up, brings the lab up and runs deploy.yml; every stage ends, each server's deploy
    report (reports/lab/deploy/) says ok with health by generation;
 2. the README's curl through the router gets an answer;
-3. a flag written into each server's host layer, then `ansible-playbook playbooks/rollout.yml`: ROLLOUT OK, the
+3. `ansible-playbook deploy.yml` again changes nothing (every host proven in place);
+4. a flag written into each server's host layer, then `ansible-playbook playbooks/rollout.yml`: ROLLOUT OK, the
    report (reports/lab/rollout/last.json) of this run with both servers updated, the flag in both units, each server
    restarted once, the locks given back, both workers back in the router;
-4. `ansible-playbook playbooks/bench.yml`: reports/lab/fleet-report.html with both servers and their plots;
-5. `ansible-playbook playbooks/restart.yml -l gpufleet-02`: that server restarted and healthy in the router again,
+5. `ansible-playbook playbooks/bench.yml`: reports/lab/fleet-report.html with both servers and their plots;
+6. `ansible-playbook playbooks/restart.yml -l gpufleet-02`: that server restarted and healthy in the router again,
    the other untouched;
-6. `make lab-down` removes the lab.
+7. `ansible-playbook playbooks/rollback.yml -l gpufleet-02` brings back the version before the rollout there;
+8. `ansible-playbook playbooks/upgrade_plan.yml -e upgrade_plan_to=lab-sim-cu130` shows the migrated flags and
+   changes nothing;
+9. `make lab-down` removes the lab.
 
 The default lab's name, subnet and inventory (inventory/lab/hosts.yml) are the user's: the test refuses to start when
 a default lab is already up or inventory/lab/host_vars/ exists (someone's lab; nothing of theirs is taken down).
@@ -29,7 +33,8 @@ from pathlib import Path
 import doc_commands
 import pytest
 from conftest import ROOT, lab
-from fleet_lab import healthy_urls, unit_state, unit_text
+from fleet_lab import healthy_urls, seen, unit_state, unit_text
+from gpufleet_testinfra import changed_tasks, recap
 
 LAB_STATE = "/var/lib/gpufleet-lab/gpufleet"
 SERVERS = ["gpufleet-01", "gpufleet-02"]
@@ -83,6 +88,16 @@ def test_make_deploy_runs_every_stage_and_the_readme_curl_answers(lab_hosts):
     assert answer["choices"][0]["message"]["content"].strip(), answer
 
 
+def test_a_second_deploy_changes_nothing(lab_hosts):
+    hosts = lab_hosts["hosts"]
+    before = {h: unit_state(hosts[h]) for h in SERVERS}
+    out = ok(doc_commands.run("ansible-playbook deploy.yml"), "the second deploy.yml")
+    counts = recap(out)
+    assert set(counts) >= {*SERVERS, GATEWAY}, counts
+    assert all(c["changed"] == 0 and c["failed"] == 0 for c in counts.values()), changed_tasks(out)
+    assert {h: unit_state(hosts[h]) for h in SERVERS} == before
+
+
 def test_a_flag_change_rolls_out_with_the_documented_command(lab_hosts):
     hosts = lab_hosts["hosts"]
     before = {h: unit_state(hosts[h]) for h in SERVERS}
@@ -128,6 +143,29 @@ def test_a_safe_restart_of_one_server(lab_hosts):
     assert unit_state(hosts["gpufleet-01"]) == before["gpufleet-01"]
     everyone = sorted(f"http://{hosts[h]['address']}:8000" for h in SERVERS)
     assert healthy_urls(hosts[GATEWAY]["address"]) == everyone
+
+
+def test_rollback_restores_the_version_before_the_rollout(lab_hosts):
+    hosts = lab_hosts["hosts"]
+    kept = unit_state(hosts["gpufleet-01"])
+    ok(doc_commands.run("ansible-playbook playbooks/rollback.yml -l gpufleet-02"), "rollback.yml")
+    assert "--chunked-prefill-size 4096" not in unit_text(hosts["gpufleet-02"])
+    assert "--chunked-prefill-size 4096" in unit_text(hosts["gpufleet-01"])
+    assert unit_state(hosts["gpufleet-01"]) == kept
+    deploy = report(REPORTS / "deploy/gpufleet-02.json")
+    assert deploy["result"] == "rolled_back" and deploy["rollback"]["healthy"] is True, deploy
+
+
+def test_the_upgrade_plan_shows_the_flags_of_the_cuda_13_lane_and_changes_nothing(lab_hosts):
+    hosts = lab_hosts["hosts"]
+    before = {h: unit_state(hosts[h]) for h in SERVERS}
+    proc = doc_commands.run("ansible-playbook playbooks/upgrade_plan.yml -e upgrade_plan_to=lab-sim-cu130")
+    out = seen(proc)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "lane lab-sim (sglang 0.5.9, CUDA 12.8) -> lab-sim-cu130 (sglang 0.5.23, CUDA 13.0)" in out
+    assert "+ --dsa-decode-backend trtllm" in out
+    assert all(c["changed"] == 0 for c in recap(proc.stdout).values())
+    assert {h: unit_state(hosts[h]) for h in SERVERS} == before
 
 
 def test_make_lab_down_removes_the_lab(lab_hosts):
