@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -44,6 +45,14 @@ GROUP_VARS = {
 # >= 10; lab/sglang-sim README, "Server info").
 MODEL_CONFIG = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "index_topk": 2048,
                 "simulated": True}  # fmt: skip
+
+
+def model_folder(path: str = MODEL_DIR) -> str:
+    """A shell command that makes ``path`` a model folder the simulated engine loads: its config.json (what
+    model_weights stages on a GPU VM). The engine reads it before it starts, as sglang does, and refuses a path that
+    holds none (lab/sglang-sim README, "The model path, as sglang 0.5.9")."""
+    config = shlex.quote(json.dumps(MODEL_CONFIG))
+    return f"install -d -m 0755 {path} && printf '%s' {config} > {path}/config.json"
 
 
 def tokenizer_files() -> dict[str, bytes]:

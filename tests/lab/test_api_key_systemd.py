@@ -19,6 +19,7 @@ from pathlib import Path
 
 import collection_jinja
 import pytest
+import simfleet
 from ansible_collections.gpufleet.fleet.plugins.filter import sglang_server as filters  # noqa: E402
 from conftest import ROOT, lab, lab_json
 from lab_host import on
@@ -116,7 +117,7 @@ def host(tmp_path_factory):
             "id sglang >/dev/null 2>&1 || "
             "useradd --system --home-dir /var/lib/sglang --shell /usr/sbin/nologin sglang; "
             "install -d -o sglang -g sglang /var/lib/sglang /var/cache/sglang-server; "
-            "install -d -m 0755 /etc/sglang-server /srv/models/glm-5-sim",
+            "install -d -m 0755 /etc/sglang-server; " + simfleet.model_folder("/srv/models/glm-5-sim"),
         )
         yield h
     finally:

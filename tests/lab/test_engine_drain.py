@@ -118,7 +118,7 @@ def host(inventory):
     sh(
         "id sglang >/dev/null 2>&1 || useradd --system --home-dir /var/lib/sglang --create-home sglang; "
         "install -d -o sglang -g sglang -m 0750 /var/cache/sglang-server; "
-        "install -d -m 0755 /etc/sglang-server /srv/models/glm-5-sim; "
+        "install -d -m 0755 /etc/sglang-server; " + simfleet.model_folder("/srv/models/glm-5-sim") + "; "
         f"umask 077; printf 'SGLANG_SERVER_API_KEY=\"%s\"\\n' {KEY} > /etc/sglang-server/secrets.env"
     )
     yield address

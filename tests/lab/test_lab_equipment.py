@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import simfleet
 from conftest import ROOT, lab, lab_json
 from lab_host import health, on
 
@@ -76,6 +77,7 @@ def test_engine_under_systemd_with_the_seed_flags(hosts, tmp_path):
     assert on(seed, "PYTHONPATH=/opt/sglang-sim python3 -c 'import yaml; print(yaml.__file__)'").strip() == (
         "/opt/sglang-sim/yaml/__init__.py"
     )
+    on(seed, simfleet.model_folder("/models/GLM-5-NVFP4"))  # the seed's --model: what the engine reads first
     on(seed, "cat > /etc/systemd/system/sglang-sim.service && systemctl daemon-reload", stdin=UNIT)
     assert _memory_used(seed) == [0] * 8
 

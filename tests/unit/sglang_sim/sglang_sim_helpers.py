@@ -1,15 +1,19 @@
-"""Helpers for the sglang-sim tests: run the simulator as a subprocess on loopback with tmp GPU state."""
+"""Helpers for the sglang-sim tests: run the simulator as a subprocess on loopback with tmp GPU state, on a real
+(tiny) model folder."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,8 +22,30 @@ SIM_SRC = REPO / "lab" / "sglang-sim" / "src"
 if str(SIM_SRC) not in sys.path:
     sys.path.insert(0, str(SIM_SRC))
 
+LAB = REPO / "lab"
 GPU_TOTAL_MIB = 16384
 GPU_RESERVED_MIB = 384
+
+
+_TINY_MODEL: list[Path] = []
+
+
+def tiny_model() -> Path:
+    """A real model folder, as the lab stages one: the lab test hub's tiny model (lab/testhub/model.py
+    ``files_for(1)``: config.json of a LlamaForCausalLM, generation config, tokenizer, three safetensors shards and
+    their index), written once per test process into a temporary folder that goes at exit. Every simulator the
+    tests start serves it (``Sim.model_path``), as a lab host serves the folder model_weights staged."""
+    if not _TINY_MODEL:
+        if str(LAB) not in sys.path:
+            sys.path.insert(0, str(LAB))
+        from testhub import model
+
+        folder = Path(tempfile.mkdtemp(prefix="gpufleet-tiny-model-"))
+        atexit.register(shutil.rmtree, folder, True)
+        for name, content in model.files_for(1).items():
+            (folder / name).write_bytes(content)
+        _TINY_MODEL.append(folder)
+    return _TINY_MODEL[0]
 
 
 def write_profile(directory: Path, n_gpus: int = 2) -> Path:
@@ -111,7 +137,8 @@ class Sim:
         self.state_dir = tmp / "gpusim-state"
         write_profile(self.profile_dir, n_gpus)
         self.log_path = tmp / f"sim-{self.port}.log"
-        self.args = ["--model-path", "/models/test-model", "--port", str(self.port)] + (args or [])
+        self.model_path = str(tiny_model())
+        self.args = ["--model-path", self.model_path, "--port", str(self.port)] + (args or [])
         self.env = dict(os.environ)
         for k in list(self.env):
             if k.startswith(("SGLANG_SIM_", "SGL_", "GPUSIM_")):

@@ -10,7 +10,7 @@ import pytest
 from sglang_sim import cli, engine, faults, textgen
 from sglang_sim.cli import SimFatal
 from sglang_sim.launch_server import check_gpus
-from sglang_sim_helpers import SIM_SRC, write_profile
+from sglang_sim_helpers import SIM_SRC, tiny_model, write_profile
 
 SEED_LAUNCH = """--model lukealonso/GLM-5-NVFP4 --served-model-name glm-5 \
   --reasoning-parser glm45 --tool-call-parser glm47 --trust-remote-code --tp 8 \
@@ -203,19 +203,20 @@ def test_help_and_version_subprocess():
 def test_cli_errors_subprocess(tmp_path):
     r = run_cli("--model", "/m", "--bogus")
     assert r.returncode == 2 and "error: unrecognized arguments: --bogus" in r.stderr
-    r = run_cli("--model", "/m", "--mem-fraction-static", "1.5")
+    model = str(tiny_model())
+    r = run_cli("--model", model, "--mem-fraction-static", "1.5")
     assert r.returncode == 1 and "--mem-fraction-static must be in (0, 1)" in r.stderr
     assert r.stderr.splitlines()[0].endswith(
         "gpufleet lab simulator (not SGLang), emulating `python -m sglang.launch_server` of sglang 0.5.9"
     )
     env = {"GPUSIM_PROFILE_DIR": str(tmp_path / "none"), "GPUSIM_STATE_DIR": str(tmp_path / "state")}
-    r = run_cli("--model", "/m", env=env)
+    r = run_cli("--model", model, env=env)
     assert r.returncode == 1 and "RuntimeError: No CUDA GPUs are available" in r.stderr
     write_profile(tmp_path / "prof", n_gpus=2)
     env["GPUSIM_PROFILE_DIR"] = str(tmp_path / "prof")
-    r = run_cli("--model", "/m", "--tp", "8", env=env)
+    r = run_cli("--model", model, "--tp", "8", env=env)
     assert r.returncode == 1 and "invalid device ordinal" in r.stderr and "has 2 GPUs" in r.stderr
-    r = run_cli("--model", "/m", env={**env, "SGLANG_SIM_FAULT": "crash-on-start,explode"})
+    r = run_cli("--model", model, env={**env, "SGLANG_SIM_FAULT": "crash-on-start,explode"})
     assert r.returncode == 2 and "unknown fault 'explode'" in r.stderr
 
 

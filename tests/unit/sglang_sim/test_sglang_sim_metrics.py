@@ -248,10 +248,10 @@ def test_http_counters_abort_and_not_found(make_sim):
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         t = s.get("/metrics").text
-        if sample(t, "sglang:num_aborted_requests_total", 'model_name="/models/test-model"'):
+        if sample(t, "sglang:num_aborted_requests_total", f'model_name="{s.model_path}"'):
             break
         time.sleep(0.1)
-    assert sample(t, "sglang:num_aborted_requests_total", 'model_name="/models/test-model"') == 1.0
+    assert sample(t, "sglang:num_aborted_requests_total", f'model_name="{s.model_path}"') == 1.0
     assert sample(t, "sglang:http_responses_total", 'endpoint="/nope",method="GET",status_code="404"') == 1.0
     assert sample(t, "sglang:http_requests_total", 'endpoint="/v1/models",method="GET"') is None
     assert sample(t, "sglang:http_responses_total", 'endpoint="/generate",method="POST",status_code="200"') == 2.0
@@ -263,8 +263,8 @@ def test_prometheus_gets_openmetrics_and_every_path_under_metrics(make_sim):
     assert r.status == 200 and r.headers["content-encoding"] == "gzip"
     text = gzip.decompress(r.body).decode()
     assert text.endswith("# EOF\n") and "sglang-sim" not in text
-    assert 'sglang_num_running_reqs{engine_type="unified",fleet="lab",model_name="/models/test-model"' in text
-    assert 'sglang_prompt_tokens_total{fleet="lab",model_name="/models/test-model"}' in text
+    assert f'sglang_num_running_reqs{{engine_type="unified",fleet="lab",model_name="{s.model_path}"' in text
+    assert f'sglang_prompt_tokens_total{{fleet="lab",model_name="{s.model_path}"}}' in text
     assert s.request("POST", "/metrics", body={}).status == 200  # a Mount: any method
 
 

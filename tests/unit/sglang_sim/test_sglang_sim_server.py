@@ -41,7 +41,7 @@ def test_startup_health_state_machine_and_log(make_sim):
     assert s.status("/health") is None  # uvicorn binds only after the model is loaded (0.5.9)
     s.wait_ready()
     log = s.wait_log("The server is fired up and ready to roll!")
-    assert s.get("/v1/models").json()["data"][0]["id"] == "/models/test-model"
+    assert s.get("/v1/models").json()["data"][0]["id"] == s.model_path
     assert log.splitlines()[0].endswith(
         "sglang-sim 0.1.0: gpufleet lab simulator (not SGLang), emulating `python -m sglang.launch_server` "
         "of sglang 0.5.9"
@@ -75,10 +75,10 @@ def test_simulator_identifies_itself(sim):
     info = sim.get("/get_server_info").json()
     assert info["simulator"] is True and info["version"] == "0.5.9-sim"
     assert info["tp_size"] == 2 and info["served_model_name"] == "glm-5"  # the ServerArgs field, not argparse's
-    assert info["model_path"] == "/models/test-model"
+    assert info["model_path"] == sim.model_path
     model_info = sim.get("/get_model_info").json()
-    assert model_info["model_path"] == "/models/test-model"
-    assert model_info["tokenizer_path"] == "/models/test-model" and model_info["is_generation"] is True
+    assert model_info["model_path"] == sim.model_path
+    assert model_info["tokenizer_path"] == sim.model_path and model_info["is_generation"] is True
     assert sim.get("/v1/models").json()["data"][0]["id"] == "glm-5"
 
 

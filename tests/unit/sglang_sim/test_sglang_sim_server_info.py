@@ -9,9 +9,15 @@ import json
 
 import pytest
 from sglang_sim import cli, gpus, resolve
+from sglang_sim_helpers import tiny_model
 
 # the lab's GLM-5 (GlmMoeDsaForCausalLM with DeepSeek sparse attention: index_topk set)
 GLM5_CONFIG = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "index_topk": 2048}
+
+
+def tiny_config() -> dict:
+    """The lab test hub's tiny model's config (LlamaForCausalLM: an MHA model, no model-specific step)."""
+    return json.loads((tiny_model() / "config.json").read_text())
 
 
 def profile(cc: str = "12.0", mib: int = 97887, n: int = 8) -> gpus.Profile:
@@ -25,8 +31,7 @@ def profile(cc: str = "12.0", mib: int = 97887, n: int = 8) -> gpus.Profile:
 def resolved(tmp_path, argv: list[str], config: dict | None = GLM5_CONFIG, **prof):
     model = tmp_path / "model"
     model.mkdir(parents=True, exist_ok=True)
-    if config is not None:
-        (model / "config.json").write_text(json.dumps(config))
+    (model / "config.json").write_text(json.dumps(tiny_config() if config is None else config))
     args = cli.finalize(cli.parse(["--model-path", str(model), *argv]))
     out = resolve.resolve(args, profile(**prof))
     return args, out
@@ -78,12 +83,12 @@ def test_dsa_refuses_other_kv_dtypes(tmp_path):
         resolved(tmp_path, ["--kv-cache-dtype", "fp8_e5m2"])
 
 
-def test_not_dsa_without_index_topk_or_config(tmp_path):
+def test_not_dsa_without_index_topk_or_for_an_mha_model(tmp_path):
     # configs/model_config.py:54 is_deepseek_nsa needs index_topk: without it kv_cache_dtype stays "auto"
-    args, _ = resolved(tmp_path, [], config={"architectures": ["GlmMoeDsaForCausalLM"]})
+    args, _ = resolved(tmp_path, [], config={"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa"})
     assert args.kv_cache_dtype == "auto" and args.nsa_prefill_backend is None and args.page_size == 1
     assert args.attention_backend == "triton"  # an MLA model neither on SM90 nor SM100 (1820-1833)
-    args, _ = resolved(tmp_path / "no-config", [], config=None)
+    args, _ = resolved(tmp_path / "llama", [], config=None)
     assert args.kv_cache_dtype == "auto" and args.attention_backend == "flashinfer"  # MHA on SM12 (1815-1818)
 
 

@@ -24,7 +24,7 @@ from .log import log
 from .metrics import SglangMetrics
 from .multinode import Rendezvous, RendezvousError, launch_dummy_health_check_server
 from .procutil import kill_process_tree
-from .resolve import load_model_config, server_args_dict
+from .resolve import ModelConfig, server_args_dict
 
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KV_BYTES_PER_TOKEN = 80 * 1024
@@ -135,7 +135,7 @@ class Child:
 
 
 class App:
-    def __init__(self, args: argparse.Namespace, faults: Faults, profile: gpus.Profile):
+    def __init__(self, args: argparse.Namespace, faults: Faults, profile: gpus.Profile, model: ModelConfig):
         self.args = args
         self.faults = faults
         self.profile = profile
@@ -152,7 +152,7 @@ class App:
         self.handle_loop_at: float | None = None
         self.uvicorn_exit = False
         self.unhealthy = False  # ServerStatus.UnHealthy (a failed /health generation): SIGTERM force-exits
-        self.model_config = load_model_config(args.model_path)
+        self.model_config = model  # read before the start (launch_server.main, hf_config.py)
         self.model_type = self.model_config.arch or "SimulatedForCausalLM"
         self.context_len = int(args.context_length or 131072)
         self.access_log = access_log_default()

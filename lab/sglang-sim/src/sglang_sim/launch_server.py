@@ -92,14 +92,22 @@ def main(argv: list[str] | None = None) -> int:
             f"RuntimeError: No CUDA GPUs are available (sglang-sim: no GPU profile at {gpus.profile_path()})",
         )
         return 1
+    from .hf_config import ModelConfigError
+    from .resolve import ResolveError, load_model_config, resolve
+
+    # The model's config is read while the server arguments are resolved, before any child process or port
+    # (hf_config.py): a model path sglang cannot load ends the start here, with transformers' exception.
+    try:
+        model = load_model_config(args)
+    except ModelConfigError as e:
+        fake_traceback(e.frames, e.exc_line)
+        return 1
     try:
         check_gpus(args, profile)
     except SimFatal as e:
         return fatal(e)
-    from .resolve import ResolveError, resolve
-
     try:
-        resolved = resolve(args, profile)
+        resolved = resolve(args, profile, model)
     except ResolveError as e:
         return fatal(
             SimFatal(
@@ -121,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"server_args={cli.server_args_repr(args)}")
     from .app import App
 
-    return App(args, faults, profile).run()
+    return App(args, faults, profile, model).run()
 
 
 if __name__ == "__main__":

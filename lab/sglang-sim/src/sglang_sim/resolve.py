@@ -16,20 +16,19 @@ lists them). The simulator resolves the values a deploy policy reads; every othe
   and its page-size rules), ``_handle_page_size`` (2055), ``_handle_grammar_backend`` (2063).
 
 The compute capability is the one of CUDA device 0 (``torch.cuda.get_device_capability()`` in the main process):
-the simulated nvidia-smi profile's first GPU. The model is read from ``<model-path>/config.json``.
+the simulated nvidia-smi profile's first GPU. The model is read from ``<model-path>/config.json`` (hf_config.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from . import EMULATED_SGLANG_VERSION, engines, gpus
+from . import EMULATED_SGLANG_VERSION, engines, gpus, hf_config
 
 FIELDS_DATA = engines.fields_data(EMULATED_SGLANG_VERSION)  # the emulated version's /server_info fields
 
@@ -114,17 +113,11 @@ class ModelConfig:
         return str(mt) if mt is not None else None
 
 
-def load_model_config(model_path: str | None) -> ModelConfig:
-    """``<model-path>/config.json`` when the model path is a local directory holding one."""
-    if not model_path:
-        return ModelConfig()
-    path = os.path.join(model_path, "config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return ModelConfig()
-    return ModelConfig(path, data if isinstance(data, dict) else {})
+def load_model_config(args: argparse.Namespace) -> ModelConfig:
+    """The model's config as sglang reads it (hf_config.py: ``<model-path>/config.json``, or a hub repository's from
+    the hub cache); raises hf_config.ModelConfigError where the real start fails."""
+    loaded = hf_config.load(args)
+    return ModelConfig(loaded.path, loaded.data)
 
 
 def compute_capability(profile: gpus.Profile) -> tuple[int, int]:
@@ -360,9 +353,11 @@ class Resolved:
     logs: list[str] = field(default_factory=list)
 
 
-def resolve(args: argparse.Namespace, profile: gpus.Profile) -> Resolved:
-    """Resolve ``args`` in place like 0.5.9's ``ServerArgs.__post_init__`` (the modelled steps, in order)."""
-    model = load_model_config(args.model_path)
+def resolve(args: argparse.Namespace, profile: gpus.Profile, model: ModelConfig | None = None) -> Resolved:
+    """Resolve ``args`` in place like 0.5.9's ``ServerArgs.__post_init__`` (the modelled steps, in order), for
+    ``model`` (else the model ``--model-path`` names: ``load_model_config``, which may raise ModelConfigError)."""
+    if model is None:
+        model = load_model_config(args)
     cc = compute_capability(profile)
     gpu_mem = gpu_memory_capacity(profile)
     out = Resolved(model, cc, gpu_mem)
