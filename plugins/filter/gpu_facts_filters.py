@@ -21,6 +21,9 @@ from types import SimpleNamespace
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.filter_errors import as_filter_error
 
+# What to do about each GPU holder, in words: one implementation, the server role's stop uses it on the host
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_holders import holders_remedy
+
 # The seed machine's proven NCCL set (8x RTX PRO 6000 in a KVM guest, P2P "NS"): see docs/gpu-facts.md.
 SEED_NO_P2P_ENV = {
     "NCCL_P2P_LEVEL": "PHB",
@@ -287,12 +290,6 @@ def _vt(text):
     return tuple(int(p) for p in re.findall(r"\d+", str(text or "")))
 
 
-RESTARTED_BY_UNIT = (
-    "; a holder that comes back after the kill is restarted by its service (unit above): stop that service "
-    "if it is the holder's own"
-)
-
-
 def gpu_holders(processes):
     """Merge ``gpu_facts.processes`` rows (one per process and GPU) into one entry per PID, GPUs sorted."""
     by_pid = {}
@@ -333,29 +330,6 @@ def describe_holder(h):
     command = f", command `{h['cmdline']}`" if h["cmdline"] else ""
     where = f"on {gpus} using {h['mib']} MiB (unit {h['unit'] or 'none'})"
     return f"pid {h['pid']} {h['name'] or '?'}, user {user}{command}, {where}"
-
-
-def holders_remedy(holders):
-    """What to do about each holder, in words: who to ask, what to stop, when memory of a dead process frees."""
-    steps, in_service = [], False
-    for h in holders:
-        if not h["alive"]:
-            steps.append(
-                f"pid {h['pid']} is gone: wait a second and rerun (a dying process frees its memory within about "
-                "0.3 s); memory that stays used without a process is a leak that only a GPU reset "
-                "(nvidia-smi --gpu-reset) or a reboot frees"
-            )
-            continue
-        unit = h["unit"] or ""
-        how = f"kill {h['pid']}"
-        in_service = in_service or unit.endswith(".service")
-        who = f"ask user {h['user']} to end it or, as root, " if h["user"] not in (None, "root") else "as root, "
-        steps.append(f"pid {h['pid']}: {who}{how}")
-    return (
-        "; ".join(steps)
-        + "; then check that `nvidia-smi --query-compute-apps=pid,used_memory --format=csv` no longer lists it"
-        " and deploy again" + (RESTARTED_BY_UNIT if in_service else "")
-    )
 
 
 def _problem(host, check, message, fact, variable, fix):
