@@ -7,7 +7,8 @@ also runs the monitor):
 1. `make deploy` sets the machine up, brings the lab up and runs deploy.yml; every stage ends, each server's deploy
    report (reports/lab/deploy/) says ok with health by generation;
 2. the README's curl through the router gets an answer;
-3. `ansible-playbook deploy.yml` again changes nothing (every host proven in place);
+3. `ansible-playbook deploy.yml` again changes nothing (every host proven in place), and so does deploy.yml run by
+   ansible-runner (the engine of AWX and Automation Platform) with the project and the inventory;
 4. a flag written into each server's host layer, then `ansible-playbook playbooks/rollout.yml`: ROLLOUT OK, the
    report (reports/lab/rollout/last.json) of this run with both servers updated, the flag in both units, each server
    restarted once, the locks given back, both workers back in the router;
@@ -95,6 +96,27 @@ def test_a_second_deploy_changes_nothing(lab_hosts):
     counts = recap(out)
     assert set(counts) >= {*SERVERS, GATEWAY}, counts
     assert all(c["changed"] == 0 and c["failed"] == 0 for c in counts.values()), changed_tasks(out)
+    assert {h: unit_state(hosts[h]) for h in SERVERS} == before
+
+
+def test_deploy_through_ansible_runner_as_automation_platform_runs_it(lab_hosts, tmp_path):
+    """ansible-runner (the engine of AWX and Automation Platform) with the project folder and the inventory, as a job
+    template gives them: deploy.yml runs with the project's ansible.cfg and changes nothing here either."""
+    import ansible_runner
+
+    hosts = lab_hosts["hosts"]
+    before = {h: unit_state(hosts[h]) for h in SERVERS}
+    run = ansible_runner.run(
+        private_data_dir=str(tmp_path / "runner"),
+        project_dir=str(ROOT),
+        playbook="deploy.yml",
+        inventory=str(ROOT / "inventory/lab"),
+        envvars={"PATH": doc_commands.user_env()["PATH"]},
+        quiet=True,
+    )
+    assert (run.status, run.rc) == ("successful", 0), run.stdout.read()[-3000:]
+    assert run.stats["failures"] == {} and run.stats["changed"] == {}, run.stats
+    assert set(run.stats["ok"]) >= {*SERVERS, GATEWAY}, run.stats
     assert {h: unit_state(hosts[h]) for h in SERVERS} == before
 
 
