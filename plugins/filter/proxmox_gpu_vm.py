@@ -152,6 +152,20 @@ def numa_problems(s: dict) -> list[str]:
             )
     if problems:
         return problems
+    unknown = [i for i, gpu in enumerate(s.get("gpus") or []) if gpu.get("numa_node", s.get("numa_node")) in (None, "")]
+    if unknown:
+        which = ", ".join(
+            f"proxmox_gpu_vm_gpus[{i}] ({s['gpus'][i].get('bus') or 'mapping ' + str(s['gpus'][i].get('mapping'))})"
+            for i in unknown
+        )
+        return [
+            f"{vm}: no host NUMA node is known for {which} on {s.get('node')}: proxmox_gpu_vm_numa_node is not set "
+            "and the GPU has no numa_node. Proxmox VE's API does not say which NUMA node a PCI device is on (GET "
+            "/nodes/{node}/hardware/pci has no numa_node), and a wrong guess binds the VM's memory and vCPUs to the "
+            "other socket: set proxmox_gpu_vm_numa_node (all GPUs of the VM) or proxmox_gpu_vm_gpus[i].numa_node to "
+            f"the output of cat /sys/bus/pci/devices/<bus id>/numa_node on {s.get('node')} "
+            "(playbooks/proxmox_node_check.yml reads and prints it)"
+        ]
     nodes = gpu_host_nodes(s)
     k, vcpus, memory = len(nodes), int(s["cores"]) * int(s["sockets"]), int(s["memory"])
     if k > MAX_NUMA:

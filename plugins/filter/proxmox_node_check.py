@@ -22,12 +22,71 @@ def _bus(gpu) -> str | None:
     return bus if "." in bus else bus + ".0"
 
 
+def _gpu_buses(gpu, node: str, mappings: list | None) -> list[str]:
+    """The bus ids (with function) a GPU entry names on the node: its bus, or each device of its PCI resource
+    mapping there (every entry of a pool)."""
+    if not isinstance(gpu, dict):
+        return []
+    if not gpu.get("mapping"):
+        return [b] if (b := _bus(gpu)) else []
+    out = []
+    for m in mappings or []:
+        if m.get("id") != gpu["mapping"]:
+            continue
+        for entry in m.get("map", []):
+            fields = dict(kv.split("=", 1) for kv in entry.split(",") if "=" in kv)
+            if fields.get("node") == node and fields.get("path"):
+                out += [_bus({"bus": path}) for path in fields["path"].split(";")]
+    return out
+
+
+def _numa_problems(node: str, vms: list, pci: dict, numa: dict, mappings: list | None) -> list[str]:
+    """Each GPU's NUMA node as sysfs says (/sys/bus/pci/devices/<id>/numa_node, which the API does not expose)
+    against the node the VM binds it to (the GPU's numa_node, else proxmox_gpu_vm_numa_node)."""
+    problems = []
+    for v in vms:
+        for i, gpu in enumerate(v.get("gpus") or []):
+            if not isinstance(gpu, dict):
+                continue
+            own = gpu.get("numa_node") not in (None, "")
+            given = gpu["numa_node"] if own else v.get("numa_node")
+            var = f"proxmox_gpu_vm_gpus[{i}].numa_node" if own else "proxmox_gpu_vm_numa_node"
+            for bus in _gpu_buses(gpu, node, mappings):
+                actual = (pci.get(bus) or {}).get("numa_node")
+                if actual is None:
+                    continue
+                where = f"{node}: {bus} ({v['name']}, proxmox_gpu_vm_gpus[{i}])"
+                if actual < 0 and len(numa) > 1:
+                    problems.append(
+                        f"{where}: sysfs numa_node is -1 (the firmware does not say) on a node with NUMA nodes "
+                        f"{', '.join(sorted(numa))}: find the slot's socket in the board's manual and set "
+                        f"proxmox_gpu_vm_gpus[{i}].numa_node"
+                    )
+                    continue
+                actual = max(actual, 0)
+                if given in (None, ""):
+                    problems.append(
+                        f"{where} is on NUMA node {actual} (sysfs numa_node) and the VM names no NUMA node for it: "
+                        f"set proxmox_gpu_vm_gpus[{i}].numa_node: {actual} (or proxmox_gpu_vm_numa_node: {actual} "
+                        "when all the VM's GPUs are there)"
+                    )
+                elif int(given) != actual:
+                    problems.append(
+                        f"{where} is on NUMA node {actual} (sysfs numa_node), but the VM binds it to node {given} "
+                        f"({var}): its memory and vCPUs would sit on another node than the GPU; set {var}: {actual}"
+                    )
+    return problems
+
+
 def _page_kb(hugepages: str) -> int | None:
     return {"1024": 1048576, "2": 2048}.get(str(hugepages or ""))
 
 
-def proxmox_node_problems(node: str, vms: list, api_pci: list | None, facts: dict | None) -> list[str]:
-    """Problems of ``node`` for the VMs (role specs: name, node, gpus, memory, hugepages, numa_node) planned on it."""
+def proxmox_node_problems(
+    node: str, vms: list, api_pci: list | None, facts: dict | None, mappings: list | None = None
+) -> list[str]:
+    """Problems of ``node`` for the VMs (role specs: name, node, gpus, memory, hugepages, numa_node) planned on it;
+    mappings: the cluster's PCI resource mappings (GET /cluster/mapping/pci), for GPUs given by mapping."""
     vms = [v for v in vms or [] if v.get("node") == node]
     problems: list[str] = []
     api_pci = api_pci or []
@@ -70,6 +129,7 @@ def proxmox_node_problems(node: str, vms: list, api_pci: list | None, facts: dic
                 f"{node}: {bus} ({vm}) is held by the host driver {dev['driver']}: blacklist it (/etc/modprobe.d/"
                 f"blacklist-gpu.conf: blacklist {dev['driver']}) and bind the GPU to vfio-pci, then reboot"
             )
+    problems += _numa_problems(node, vms, pci, facts.get("numa", {}), mappings)
     # hugepages reserved per NUMA node for the VMs bound to it
     need: dict[tuple[str, int], list] = {}
     for v in vms:
@@ -109,6 +169,7 @@ def proxmox_node_summary(node: str, api_pci: list | None, facts: dict | None) ->
             vfio_modules=[m for m in VFIO_MODULES if m in facts.get("modules", [])],
             hugepages={n: v["hugepages"] for n, v in facts.get("numa", {}).items()},
             drivers={b: d["driver"] for b, d in facts.get("pci", {}).items()},
+            numa_nodes={b: d.get("numa_node") for b, d in facts.get("pci", {}).items() if b in gpus},
         )
     return out
 

@@ -10,7 +10,8 @@ short_description: Read a Proxmox VE node's GPU passthrough prerequisites (read-
 description:
   - Reads, on the node, what the Proxmox VE API does not expose - C(/proc/cmdline), the loaded and built-in
     modules (C(/sys/module), C(/proc/modules)), the IOMMU groups (C(/sys/kernel/iommu_groups)), the driver bound to
-    each PCI device of the given classes (C(/sys/bus/pci/devices/*/driver)), and per NUMA node its CPUs and
+    each PCI device of the given classes (C(/sys/bus/pci/devices/*/driver)) and its NUMA node
+    (C(/sys/bus/pci/devices/*/numa_node), which the Proxmox VE API does not expose), and per NUMA node its CPUs and
     hugepages of each size (C(/sys/devices/system/node/node*/)).
   - Writes nothing; check mode safe.
 options:
@@ -36,7 +37,8 @@ RETURN = r"""
 node:
   description: >-
     cmdline (str), modules (loaded module names), iommu_groups (count), pci (bus id -> {class, vendor, driver,
-    iommu_group}), numa ({node: {cpus, hugepages: {size_kb: {total, free}}}}).
+    iommu_group, numa_node (-1: the firmware does not say; null: not readable)}), numa ({node: {cpus, hugepages:
+    {size_kb: {total, free}}}}).
   returned: always
   type: dict
 """
@@ -52,6 +54,13 @@ def _read(path: str) -> str | None:
         with open(path, encoding="utf-8", errors="replace") as f:
             return f.read().strip()
     except OSError:
+        return None
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
         return None
 
 
@@ -75,6 +84,7 @@ def node_facts(root: str, pci_classes: list[str]) -> dict:
             "vendor": _read(os.path.join(devices, dev, "vendor")) or "",
             "driver": os.path.basename(os.readlink(driver)) if os.path.islink(driver) else "",
             "iommu_group": int(os.path.basename(os.readlink(group))) if os.path.islink(group) else -1,
+            "numa_node": _int(_read(os.path.join(devices, dev, "numa_node"))),
         }
     numa = {}
     nodes = p("sys/devices/system/node")

@@ -11,6 +11,7 @@ from cluster import PASSWORD, PVE1_GPUS
 from proxmox_runner import Runner
 
 GIB_KB = 1048576
+SOCKET = {"0000:81:00": 0, "0000:82:00": 0, "0000:a1:00": 1, "0000:a2:00": 1}  # sysfs numa_node of each card
 
 
 def node_tree(root: Path, *, cmdline: str, modules: list[str], drivers: dict[str, str], pages: dict[int, int]) -> Path:
@@ -29,6 +30,7 @@ def node_tree(root: Path, *, cmdline: str, modules: list[str], drivers: dict[str
             (d / "class").write_text(cls + "\n")
             (d / "vendor").write_text("0x10de\n")
             (d / "device").write_text(dev + "\n")
+            (d / "numa_node").write_text(f"{SOCKET[bus]}\n")
             os.symlink(f"../../../../kernel/iommu_groups/{group}", d / "iommu_group")
             driver = drivers.get(f"{bus}.{fn}", "vfio-pci")
             if driver:
@@ -62,6 +64,8 @@ def test_a_node_without_the_prerequisites_is_reported_with_each_fix_and_nothing_
         pages={0: 64, 1: 0},  # gpu-a1 and gpu-a2 (128 GiB each) are bound to NUMA node 0
     )
     with_node(runner, root)
+    runner.hosts()["gpu-a2"]["proxmox_gpu_vm_numa_node"] = 0  # a1:00 sits on socket 1
+    runner.hosts()["gpu-a1"]["proxmox_gpu_vm_gpus"][1]["numa_node"] = 1  # 82:00 sits on socket 0
     p = runner.run("playbooks/proxmox_node_check.yml")
     assert p.returncode != 0
     out = " ".join(p.stdout.split())
@@ -76,6 +80,16 @@ def test_a_node_without_the_prerequisites_is_reported_with_each_fix_and_nothing_
         "pve1: NUMA node 0 reserves 64 1 GiB hugepages, the VMs bound to it (gpu-a1, gpu-a2) need 256: reserve them "
         "at boot" in out
     )
+    assert (
+        "pve1: 0000:a1:00.0 (gpu-a2, proxmox_gpu_vm_gpus[0]) is on NUMA node 1 (sysfs numa_node), but the VM binds it "
+        "to node 0 (proxmox_gpu_vm_numa_node): its memory and vCPUs would sit on another node than the GPU; set "
+        "proxmox_gpu_vm_numa_node: 1" in out
+    )
+    assert (
+        "pve1: 0000:82:00.0 (gpu-a1, proxmox_gpu_vm_gpus[1]) is on NUMA node 0 (sysfs numa_node), but the VM binds it "
+        "to node 1 (proxmox_gpu_vm_gpus[1].numa_node)" in out
+    )
+    assert "0000:81:00.0 (gpu-a1, proxmox_gpu_vm_gpus[0]) is on" not in out  # right as it is
     assert (
         "pve2: the IOMMU is off (0000:c1:00.0, 0000:c2:00.0 without an IOMMU group): Intel: add intel_iommu=on" in out
     )

@@ -156,7 +156,7 @@ CASES = {
         "only root can set 'hugepages' config",
     ),
     "hugepages without NUMA": (
-        lambda sim: spec(numa_node=None),
+        lambda sim: spec(numa_node=None, gpus=[], mmio64_mb=0),  # a VM with GPUs: test_vm_settings.py
         "needs NUMA, but proxmox_gpu_vm_numa_node is not set",
         "numa needs to be enabled to use hugepages",
     ),

@@ -82,6 +82,29 @@ def test_the_gpus_own_numa_nodes_are_enough_for_hugepages():
     assert stored(sim)["numa0"] == "cpus=0-31,hostnodes=1,memory=262144,policy=bind"
 
 
+def test_a_gpu_without_a_numa_node_is_refused_before_any_write():
+    """The API does not say on which socket a GPU sits: a GPU VM that names no NUMA node is refused (the role's
+    default used to be node 0, which bound the VM of a socket-1 GPU to socket 0 without a word)."""
+    sim = contract.case_sim()
+    s = contract.spec(numa_node=None, hugepages="", gpus=[{"bus": "0000:a1:00.0"}])
+    problems = contract.role_problems(sim, s)
+    assert any(
+        "gpu-a1: no host NUMA node is known for proxmox_gpu_vm_gpus[0] (0000:a1:00.0) on pve1: "
+        "proxmox_gpu_vm_numa_node is not set"
+        in p
+        and "set proxmox_gpu_vm_numa_node (all GPUs of the VM) or proxmox_gpu_vm_gpus[i].numa_node" in p
+        and "cat /sys/bus/pci/devices/<bus id>/numa_node on pve1" in p
+        for p in problems
+    ), problems
+    assert sim.writes == []
+    # what the role would have written: Proxmox VE takes it, the VM unbound (nothing tells where the GPU is)
+    assert contract.refused_by_pve(sim, s) == "" and "numa0" not in stored(sim)
+    # one GPU with its own node and one without: the one without is named
+    s = contract.spec(numa_node=None, gpus=[{"bus": "0000:a1:00.0", "numa_node": 1}, {"mapping": "rtxpro-b0"}])
+    (p,) = [p for p in pgv.static_problems([s]) if "no host NUMA node" in p]
+    assert "proxmox_gpu_vm_gpus[1] (mapping rtxpro-b0)" in p and "proxmox_gpu_vm_gpus[0]" not in p
+
+
 def test_without_host_cpu_lists_only_memory_is_bound():
     s = contract.spec(host_numa_cpus={}, cpu_affinity=True)
     conf = pgv.desired_config(s)
