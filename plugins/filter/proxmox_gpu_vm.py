@@ -232,13 +232,48 @@ def numa_config(s: dict) -> dict:
         first, count = i * (vcpus // k), vcpus // k
         cpus = str(first) if count == 1 else f"{first}-{first + count - 1}"
         conf[f"numa{i}"] = f"cpus={cpus},hostnodes={n},memory={memory // k},policy=bind"
-    by_node = s.get("host_numa_cpus") or {}
-    if s.get("cpu_affinity") and by_node:
-        by_node = _host_numa_cpus(s)
-        cpus = [c for n in nodes for c in parse_cpuset(by_node.get(n, "")) or []]
-        if cpus:
-            conf["affinity"] = cpuset_string(cpus)
+    affinity = _affinity(s, nodes)
+    if affinity:
+        conf["affinity"] = affinity
     return conf
+
+
+def _affinity(s: dict, nodes: list[int]) -> str | None:
+    """The host CPUs of the GPUs' NUMA nodes as one CPU set, or None: without CPU lists or cpu_affinity, and when
+    the set is every CPU the lists name (a VM on all the host's nodes: a set that pins nothing)."""
+    if not (s.get("cpu_affinity") and s.get("host_numa_cpus") and nodes):
+        return None
+    by_node = _host_numa_cpus(s)
+    cpus = {c for n in nodes for c in parse_cpuset(by_node.get(n, "")) or []}
+    every = {c for text in by_node.values() for c in parse_cpuset(text) or []}
+    return cpuset_string(cpus) if cpus and cpus != every else None
+
+
+def affinity_note(s: dict) -> str:
+    """Why a VM on several host NUMA nodes gets no per-node CPU pinning (empty for a VM on one node): Proxmox VE's
+    `affinity` is one CPU set for every thread of QEMU (qemu-server QemuServer.pm 9.1.19 :3188-3189, 8.4.10 :3697:
+    `taskset --cpu-list --all-tasks <affinity>`), so it cannot keep each guest NUMA node's vCPUs on its own host
+    node; only the memory is bound per node (numaN hostnodes=, policy=bind)."""
+    try:
+        nodes = gpu_host_nodes(s)
+    except (TypeError, ValueError):
+        return ""
+    if len(nodes) < 2 or not (s.get("cpu_affinity") and s.get("host_numa_cpus")):
+        return ""
+    on = ", ".join(map(str, nodes))
+    why = (
+        f"{s['name']}: the GPUs sit on host NUMA nodes {on}. Proxmox VE's affinity is one CPU set for all of QEMU's "
+        "threads (taskset --all-tasks), it cannot pin each guest NUMA node's vCPUs to its own host node: the memory "
+        "of each guest node is bound to its host node (numaN hostnodes, policy=bind), but a guest node's vCPUs may "
+        "run on another node's CPUs. "
+    )
+    affinity = _affinity(s, nodes)
+    if affinity:
+        return why + f"affinity is {affinity}, the CPUs of nodes {on} together (the VM stays off the other nodes)."
+    return why + (
+        f"No affinity is set: the CPUs of nodes {on} are every CPU of proxmox_gpu_vm_host_numa_cpus, which pins "
+        "nothing. To pin vCPUs to a GPU's socket, give each socket's GPUs a VM of their own."
+    )
 
 
 def static_problems(specs: list[dict]) -> list[str]:
@@ -599,4 +634,5 @@ class FilterModule:
             "proxmox_gpu_vm_bar_gib": bar_gib,
             "proxmox_gpu_vm_mmio64_mb": mmio64_mb,
             "proxmox_gpu_vm_start_timeout": start_timeout,
+            "proxmox_gpu_vm_affinity_note": affinity_note,
         }
