@@ -154,11 +154,14 @@ def _iommu_problems(vm: str, node: str, gpus: list[tuple[int, list[dict]]], pci:
                 names = ", ".join(
                     f"{x['id']} (class {x.get('class')}, {x.get('vendor_name') or x.get('vendor')})" for x in others
                 )
+                ids = ", ".join(x["id"] for x in others)
                 problems.append(
-                    f"{where} shares IOMMU group {group} with {names}, which the VM does not get: QEMU cannot take "
-                    f'a group the host still uses ("group {group} is not viable"); the GPU must be alone in its '
-                    "group or only with its own functions: move the card to a slot with its own group, or choose "
-                    "another GPU in proxmox_gpu_vm_gpus"
+                    f"{where} shares IOMMU group {group} with {names}, which the VM does not get: Proxmox VE binds "
+                    "every device of the group to vfio-pci when the VM starts (qemu-server PCI.pm prepare_pci_device, "
+                    f"pve-common SysFSTools.pm pci_dev_group_bind_to_vfio), so the node would lose {ids} (its host "
+                    "driver is unbound: a NIC takes the node's network on it along) and no other VM could have "
+                    "it; the GPU must be alone in its group or only with its own functions: move the card to a slot "
+                    "with its own group, or choose another GPU in proxmox_gpu_vm_gpus"
                 )
     return problems
 

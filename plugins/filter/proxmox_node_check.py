@@ -1,7 +1,8 @@
 """Judge a Proxmox VE node's GPU passthrough prerequisites (playbooks/proxmox_node_check.yml): IOMMU, vfio modules,
-drivers of the GPUs' IOMMU groups, hugepages reserved per NUMA node for the VMs bound to it. Read-only inputs: the
-API's PCI list (iommugroup, GET /nodes/{node}/hardware/pci) and, when the node was reached over SSH, the facts of
-the proxmox_node_facts module (procfs/sysfs)."""
+the devices of the GPUs' IOMMU groups (Proxmox VE takes each from the host at the start), the GPUs' NUMA nodes,
+hugepages reserved per NUMA node for the VMs bound to it. Read-only inputs: the API's PCI list (iommugroup, GET
+/nodes/{node}/hardware/pci) and, when the node was reached over SSH, the facts of the proxmox_node_facts module
+(procfs/sysfs)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,27 @@ IOMMU_FIX = (
     "then update-grub, or /etc/kernel/cmdline then proxmox-boot-tool refresh) and reboot; AMD: enable the IOMMU "
     "(AMD-Vi/SVM) in the firmware (amd_iommu is on by default)"
 )
+
+
+GROUP_BIND = (
+    "Proxmox VE binds every device of a passed device's IOMMU group to vfio-pci when the VM starts (qemu-server "
+    "PCI.pm prepare_pci_device, pve-common SysFSTools.pm pci_dev_group_bind_to_vfio; bridges are left)"
+)
+GROUP_FIX = (
+    "put the GPU or the device in a slot with an IOMMU group of its own, or give the device to the same VM "
+    "(proxmox_gpu_vm_gpus)"
+)
+
+
+def _full(bus: str) -> str:
+    return bus if bus.count(":") == 2 else "0000:" + bus
+
+
+def _taken_along(other: str, cls: str, bus: str, buses: dict) -> bool:
+    """Whether `other`, in the IOMMU group of the planned `bus`, is a device Proxmox VE would take from the host at
+    the start: not planned itself, no bridge (class 0x0604), not a function of the same card (the GPU's audio:
+    rebound with it, nothing the host needs)."""
+    return other not in buses and not cls.startswith("0x0604") and other.split(".")[0] != bus.split(".")[0]
 
 
 def _bus(gpu) -> str | None:
@@ -90,7 +112,7 @@ def proxmox_node_problems(
     vms = [v for v in vms or [] if v.get("node") == node]
     problems: list[str] = []
     api_pci = api_pci or []
-    buses = {b: v["name"] for v in vms for b in (_bus(g) for g in v.get("gpus") or []) if b}
+    buses = {b: v["name"] for v in vms for g in v.get("gpus") or [] for b in _gpu_buses(g, node, mappings)}
     # IOMMU: the API says it (iommugroup -1 without one); the node's command line says why
     # (-1: the node has no IOMMU at all; GPUs by mapping count too, so every display device is looked at)
     no_group = sorted(
@@ -102,6 +124,19 @@ def proxmox_node_problems(
         which = f" ({', '.join(no_group)} without an IOMMU group)" if no_group else ""
         problems.append(f"{node}: the IOMMU is off{which}{seen}: {IOMMU_FIX}")
     if facts is None:
+        # no drivers without SSH, but the API lists the IOMMU groups (bridges, class 06, are left out of its list)
+        for bus, vm in sorted(buses.items()):
+            group = next((d.get("iommugroup") for d in api_pci if _full(d["id"]) == bus), None)
+            for d in api_pci:
+                if group in (None, -1) or d.get("iommugroup") != group:
+                    continue
+                if _taken_along(_full(d["id"]), str(d.get("class", "")), bus, buses):
+                    problems.append(
+                        f"{node}: {_full(d['id'])} (class {d.get('class')}, {d.get('vendor_name') or d.get('vendor')})"
+                        f" shares IOMMU group {group} with {bus} ({vm}) in the API's PCI list: {GROUP_BIND}, so the "
+                        f"node loses {_full(d['id'])} unless nothing on it uses the device (add the node to group "
+                        f"proxmox_nodes to read its driver); {GROUP_FIX}"
+                    )
         return problems
     missing = [m for m in VFIO_MODULES if m not in facts.get("modules", [])]
     if missing:
@@ -113,16 +148,17 @@ def proxmox_node_problems(
     for bus, vm in sorted(buses.items()):
         dev = pci.get(bus)
         if dev is None:
-            problems.append(f"{node}: {bus} ({vm}, proxmox_gpu_vm_gpus) is not a display device of this node")
+            problems.append(f"{node}: {bus} ({vm}, proxmox_gpu_vm_gpus) is not a PCI device of this node")
             continue
-        group = [(b, d) for b, d in sorted(pci.items()) if d["iommu_group"] == dev["iommu_group"] and b != bus]
-        for other, d in group:
-            if d["driver"] not in VFIO_DRIVERS and other not in buses:
+        group = dev["iommu_group"]
+        for other, d in sorted(pci.items()):
+            if group < 0 or d["iommu_group"] != group or not _taken_along(other, d["class"], bus, buses):
+                continue
+            if d["driver"] not in VFIO_DRIVERS:
                 problems.append(
-                    f"{node}: {other} shares IOMMU group {dev['iommu_group']} with {bus} ({vm}) and is bound to "
-                    f"{d['driver']}: QEMU refuses the start ('group {dev['iommu_group']} is not viable'); bind it to "
-                    f"vfio-pci (options vfio-pci ids={d['vendor'][2:]}:<device> in /etc/modprobe.d/vfio.conf, "
-                    "update-initramfs -u -k all, reboot)"
+                    f"{node}: {other} (class {d['class']}, driven by {d['driver']}) shares IOMMU group {group} with "
+                    f"{bus} ({vm}): {GROUP_BIND}, so the node loses {other} ({d['driver']} is unbound: a NIC takes "
+                    f"the node's network on it along); {GROUP_FIX} (ls /sys/kernel/iommu_groups/{group}/devices)"
                 )
         if dev["driver"] in ("nvidia", "nouveau", "amdgpu", "radeon"):
             problems.append(
@@ -158,6 +194,10 @@ def proxmox_node_problems(
     return problems
 
 
+def _display_groups(facts: dict) -> set[int]:
+    return {d["iommu_group"] for d in facts.get("pci", {}).values() if d["class"].startswith("0x03")} - {-1}
+
+
 def proxmox_node_summary(node: str, api_pci: list | None, facts: dict | None) -> dict:
     """What the check read, for the report (no secret in it)."""
     gpus = sorted(d["id"] for d in api_pci or [] if str(d.get("class", "")).startswith("0x03"))
@@ -168,7 +208,12 @@ def proxmox_node_summary(node: str, api_pci: list | None, facts: dict | None) ->
             cmdline=facts.get("cmdline", ""),
             vfio_modules=[m for m in VFIO_MODULES if m in facts.get("modules", [])],
             hugepages={n: v["hugepages"] for n, v in facts.get("numa", {}).items()},
-            drivers={b: d["driver"] for b, d in facts.get("pci", {}).items()},
+            # the drivers of the display devices and of everything in their IOMMU groups
+            drivers={
+                b: d["driver"]
+                for b, d in facts.get("pci", {}).items()
+                if d["class"].startswith("0x03") or d["iommu_group"] in _display_groups(facts)
+            },
             numa_nodes={b: d.get("numa_node") for b, d in facts.get("pci", {}).items() if b in gpus},
         )
     return out

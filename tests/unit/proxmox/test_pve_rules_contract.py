@@ -165,11 +165,6 @@ CASES = {
         "has no IOMMU group (iommugroup -1)",
         "cannot prepare PCI pass-through, IOMMU not present",
     ),
-    "IOMMU group shared with the host's NIC": (
-        lambda sim: set_group(sim, "pve1", "0000:01:00.0", 40) or spec(),
-        "shares IOMMU group 40 with 0000:01:00.0",
-        "group 40 is not viable",
-    ),
     "GPU of a running VM outside the play": (
         lambda sim: (
             sim.vms.__setitem__(
@@ -210,3 +205,21 @@ CASES = {
 def test_role_and_pvesim_refuse_the_same_case(case):
     sim, s, pve_says = role_refuses_case(CASES[case], case_sim(), setup_gets_sim=True)
     assert pve_says in refused_by_pve(sim, s)
+
+
+def test_a_gpu_sharing_its_group_with_the_hosts_nic_is_refused_as_pvesim_would_take_the_nic():
+    """Proxmox VE does not refuse this one: its start binds the whole IOMMU group to vfio-pci (qemu-server
+    prepare_pci_device, pve-common pci_dev_group_bind_to_vfio) and the node loses its NIC. The role refuses it and
+    says so; the writes it would make go through in pvesim, which unbinds the NIC from mlx5_core."""
+    sim = case_sim()
+    set_group(sim, "pve1", "0000:01:00.0", 40)
+    says = (
+        "gpu-a1: proxmox_gpu_vm_gpus[0] (0000:81:00.0 on pve1) shares IOMMU group 40 with 0000:01:00.0 (class "
+        "0x020000, Mellanox Technologies), which the VM does not get: Proxmox VE binds every device of the group to "
+        "vfio-pci when the VM starts"
+    )
+    _, s, _ = role_refuses_case((spec, says, None), sim)
+    assert any("so the node would lose 0000:01:00.0 (its host driver is unbound" in p for p in role_problems(sim, s))
+    assert sim.nodes["pve1"]["drivers"]["0000:01:00.0"] == "mlx5_core"
+    assert refused_by_pve(sim, s) == ""  # started ...
+    assert sim.nodes["pve1"]["drivers"]["0000:01:00.0"] == "vfio-pci"  # ... with the node's NIC taken from it

@@ -73,7 +73,8 @@ def test_cluster_mistakes_are_refused_before_any_write(runner: Runner):
 
 def test_what_proxmox_ve_refuses_is_refused_before_any_write(runner: Runner):
     """IOMMU groups, a GPU another VM has, a clone to another node without shared storage: each would fail (in
-    pvesim as in PVE) after the role wrote something; the role refuses them first."""
+    pvesim as in PVE) after the role wrote something, or (a group shared with the host's NIC) take the NIC from the
+    node at the start; the role refuses them first."""
     sim, h = runner.server.sim, runner.hosts()
     pve1 = sim.nodes["pve1"]["pci"]
     next(d for d in pve1 if d["id"] == "0000:01:00.0")["iommugroup"] = 42  # the host's NIC joins gpu-a2's group
