@@ -6,6 +6,8 @@ hugepages reserved per NUMA node for the VMs bound to it. Read-only inputs: the 
 
 from __future__ import annotations
 
+from ansible_collections.gpufleet.fleet.plugins.filter.proxmox_gpu_vm import gpu_host_nodes
+
 VFIO_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
 VFIO_DRIVERS = ("vfio-pci", "pci-stub", "")
 IOMMU_FIX = (
@@ -167,19 +169,24 @@ def proxmox_node_problems(
             )
     problems += _numa_problems(node, vms, pci, facts.get("numa", {}), mappings)
     # hugepages reserved per NUMA node for the VMs bound to it
+    # (a VM on k host nodes has memory / k on each: one guest NUMA node per host node of its GPUs, numa_config)
     need: dict[tuple[str, int], list] = {}
     for v in vms:
         kb = _page_kb(v.get("hugepages"))
-        if kb and v.get("numa_node") not in (None, ""):
-            need.setdefault((str(v["numa_node"]), kb), []).append(v)
+        try:
+            nodes = gpu_host_nodes(v) if all(isinstance(g, dict) for g in v.get("gpus") or []) else []
+        except (TypeError, ValueError):
+            nodes = []
+        for n in nodes if kb else []:
+            need.setdefault((str(n), kb), []).append((v, int(v["memory"]) // len(nodes)))
     numa = facts.get("numa", {})
     for (n, kb), members in sorted(need.items()):
-        pages = sum(int(v["memory"]) * 1024 // kb for v in members)
-        names = ", ".join(v["name"] for v in members)
+        pages = sum(mib * 1024 // kb for _, mib in members)
+        names = ", ".join(f"{v['name']}" + (f" {mib} MiB" if mib != int(v["memory"]) else "") for v, mib in members)
         if n not in numa:
             problems.append(
-                f"{node}: NUMA node {n} (proxmox_gpu_vm_numa_node of {names}) does not exist; the node has "
-                f"{', '.join(sorted(numa)) or 'none'}"
+                f"{node}: NUMA node {n} (the GPUs' node of {names}: proxmox_gpu_vm_numa_node or a GPU's numa_node) "
+                f"does not exist; the node has {', '.join(sorted(numa)) or 'none'}"
             )
             continue
         have = numa[n]["hugepages"].get(str(kb), {"total": 0, "free": 0})

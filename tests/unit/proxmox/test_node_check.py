@@ -102,10 +102,12 @@ def test_a_node_without_the_prerequisites_is_reported_with_each_fix_and_nothing_
     verdict = out.split("Node prerequisites not met (nothing was changed):", 1)[1]
     assert "0000:a1:00.1" not in verdict and "0000:a0:01.1" not in verdict
     assert "pve1: 0000:81:00.0 (gpu-a1) is held by the host driver nvidia: blacklist it" in out
+    # gpu-a1 has a GPU on each node (as configured): 64 GiB on each; gpu-a2 128 GiB on node 0
     assert (
-        "pve1: NUMA node 0 reserves 64 1 GiB hugepages, the VMs bound to it (gpu-a1, gpu-a2) need 256: reserve them "
-        "at boot" in out
+        "pve1: NUMA node 0 reserves 64 1 GiB hugepages, the VMs bound to it (gpu-a1 65536 MiB, gpu-a2) need 192: "
+        "reserve them at boot" in out
     )
+    assert "pve1: NUMA node 1 reserves 0 1 GiB hugepages, the VMs bound to it (gpu-a1 65536 MiB) need 64" in out
     assert (
         "pve1: 0000:a1:00.0 (gpu-a2, proxmox_gpu_vm_gpus[0]) is on NUMA node 1 (sysfs numa_node), but the VM binds it "
         "to node 0 (proxmox_gpu_vm_numa_node): its memory and vCPUs would sit on another node than the GPU; set "
@@ -158,3 +160,22 @@ def test_a_device_in_a_gpus_iommu_group_is_named_from_the_api_alone():
         "in the API's PCI list: Proxmox VE binds every device of a passed device's IOMMU group to vfio-pci"
     )
     assert proxmox_node_problems("pve2", vms, pci[:2], None, mappings) == []  # the card alone in its group
+
+
+def test_a_two_socket_vm_needs_half_its_hugepages_on_each_node():
+    """The role binds memory / 2 to each host node of a VM with GPUs on both sockets (numa0, numa1)."""
+    from ansible_collections.gpufleet.fleet.plugins.filter.proxmox_node_check import proxmox_node_problems
+
+    vm = {"name": "gpu-a1", "node": "pve1", "memory": 262144, "hugepages": "1024", "numa_node": 0}
+    vm["gpus"] = [{"bus": "0000:81:00.0"}, {"bus": "0000:a1:00.0", "numa_node": 1}]
+    node = {"hugepages": {str(GIB_KB): {"total": 128, "free": 128}}}
+    pci = {
+        bus: {"class": "0x030000", "vendor": "0x10de", "driver": "vfio-pci", "iommu_group": group, "numa_node": n}
+        for bus, group, n in (("0000:81:00.0", 40, 0), ("0000:a1:00.0", 42, 1))
+    }
+    facts = {"cmdline": "", "modules": ["vfio", "vfio_iommu_type1", "vfio_pci"], "iommu_groups": 2, "pci": pci}
+    assert proxmox_node_problems("pve1", [vm], [], facts | {"numa": {"0": node, "1": node}}) == []
+    (short,) = proxmox_node_problems("pve1", [vm], [], facts | {"numa": {"0": node, "1": {"hugepages": {}}}})
+    assert short.startswith(
+        "pve1: NUMA node 1 reserves 0 1 GiB hugepages, the VMs bound to it (gpu-a1 131072 MiB) need 128"
+    )
