@@ -8,6 +8,9 @@ needs Mapping.Use on /mapping/pci/<id>.
 
 from __future__ import annotations
 
+import pytest
+from pvesim.server import ApiError
+
 CONFIG = "/nodes/pve1/qemu/100/config"
 
 
@@ -65,3 +68,25 @@ def test_method_permissions_from_the_schema(ops_token):
     """GET /nodes/{node}/hardware/pci needs Sys.Audit or Sys.Modify on / (apidata.js permissions)."""
     e = ops_token.error("GET", "/nodes/pve1/hardware/pci")
     assert (e.code, e.message) == (403, "Permission check failed\n")
+
+
+def permissions(client, path: str, **params) -> dict:
+    """GET /access/permissions?path=<path> as the client (its `path` argument is the URL's)."""
+    return client.sim.handle("GET", "/access/permissions", {"path": path, **params}, client.headers)
+
+
+def test_access_permissions_answer_the_callers_privileges_on_a_path(root, root_token, ops_token, sim):
+    """GET /access/permissions?path= (pve-access-control AccessControl.pm permissions): root@pam every privilege of
+    the release, a token without privilege separation its user's, a privilege-separated token the intersection."""
+    everything = permissions(root, "/vms/100")["/vms/100"]
+    assert ("VM.GuestAgent.Audit" in everything) == (sim.schema.release == "9.1")
+    assert ("VM.Monitor" in everything) == (sim.schema.release == "8.4")
+    assert permissions(root_token, "/vms/100") == {"/vms/100": everything}
+    ops = permissions(ops_token, "/vms/100")["/vms/100"]
+    assert "VM.Audit" in ops and "Mapping.Use" not in ops
+    assert permissions(ops_token, "/mapping/pci/rtx-b0") == {"/mapping/pci/rtx-b0": {"Mapping.Use": 1}}
+    assert permissions(ops_token, "/mapping/pci/rtx-b1") == {}  # not the token's
+    with pytest.raises(ApiError) as e:
+        permissions(ops_token, "/", userid="root@pam")
+    assert (e.value.code, e.value.message) == (403, "Permission check failed (/access, Sys.Audit)\n")
+    assert sim.writes == []
