@@ -387,10 +387,27 @@ def cluster_problems(specs: list[dict], cluster: dict, owner_tag: str) -> list[s
     mappings = {m["id"]: m for m in cluster.get("mappings", [])}
     for s in specs:
         vm, node = s["name"], s["node"]
+        offline = cluster.get("offline") or {}
+        tnode = s.get("template_node") or node
+        vmid = s.get("vmid")
+        new = vmid in (None, "") or not any(int(r["vmid"]) == int(vmid) for r in cluster.get("vms", []))
+        if s.get("template") and new and tnode != node and tnode in offline:
+            problems.append(
+                f"{vm}: proxmox_gpu_vm_template_node {tnode!r} is {offline[tnode]} (GET /nodes), so the template "
+                f"cannot be cloned from it: bring {tnode} back online, or set proxmox_gpu_vm_template_node to an "
+                "online node with the template"
+            )
+        if node in offline:
+            problems.append(
+                f"{vm}: proxmox_gpu_vm_node {node!r} is a node of the cluster but {offline[node]} (GET /nodes), so "
+                f"its PCI devices and VMs cannot be read nor the VM created or started there: bring {node} back "
+                "online (its pve-cluster and pveproxy), or choose another node in proxmox_gpu_vm_node"
+            )
+            continue
         if node not in cluster.get("pci", {}):
             problems.append(
-                f"{vm}: proxmox_gpu_vm_node {node!r} is not a node of the cluster "
-                f"({', '.join(sorted(cluster.get('pci', {}))) or 'none'})"
+                f"{vm}: proxmox_gpu_vm_node {node!r} is not a node of the cluster (GET /nodes: "
+                f"{', '.join(f'{n} {st}' for n, st in sorted((cluster.get('nodes') or {}).items())) or 'none'})"
             )
             continue
         devices = {_full_bus(d["id"]) for d in cluster["pci"][node]}

@@ -66,9 +66,10 @@ EXAMPLES = r"""
 RETURN = r"""
 cluster:
   description: >-
-    vms (cluster resources), pci and storage (node -> list), mappings, hostpci (vmid -> {hostpciN: value}) of the
-    nodes' other VMs, templates (name -> [{vmid, node, storages, disks, nets}]), configs/pending/status/agent_ip by
-    vmid.
+    vms (cluster resources), nodes (every member -> its status), pci and storage (node -> list) of the online
+    nodes, offline (the given nodes that are members but not online -> their status), mappings, hostpci (vmid ->
+    {hostpciN: value}) of the nodes' other VMs, templates (name -> [{vmid, node, storages, disks, nets}]),
+    configs/pending/status/agent_ip by vmid.
   returned: unless permissions is given
   type: dict
 permissions:
@@ -138,7 +139,10 @@ def read_cluster(api, nodes: list[str], vmids: list[int], templates: list[str], 
     out.update(configs={}, pending={}, status={}, agent_ip={})
     out["version"] = api.version.get()["version"]
     out["vms"] = [r for r in api.cluster.resources.get(type="vm") if r.get("type") == "qemu"]
-    online = {n["node"] for n in api.nodes.get() if n.get("status") == "online"}
+    status = {n["node"]: n.get("status") for n in api.nodes.get()}
+    online = {n for n, st in status.items() if st == "online"}
+    out["nodes"] = status  # every member: online, offline or unknown
+    out["offline"] = {n: status[n] for n in nodes if n in status and n not in online}
     for node in nodes:
         if node in online:
             try:

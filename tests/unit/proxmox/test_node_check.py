@@ -179,3 +179,14 @@ def test_a_two_socket_vm_needs_half_its_hugepages_on_each_node():
     assert short.startswith(
         "pve1: NUMA node 1 reserves 0 1 GiB hugepages, the VMs bound to it (gpu-a1 131072 MiB) need 128"
     )
+
+
+def test_an_offline_node_and_an_unknown_one_are_named(runner: Runner):
+    runner.server.sim.nodes["pve2"]["status"] = "offline"
+    runner.hosts()["gpu-a2"]["proxmox_gpu_vm_node"] = "pve9"
+    p = runner.run("playbooks/proxmox_node_check.yml")
+    assert p.returncode != 0
+    out = " ".join(p.stdout.split())
+    assert "pve2: the node is offline (GET /nodes), so nothing of it was checked; bring it back online" in out
+    assert "pve9: not a node of the cluster (GET /nodes; proxmox_gpu_vm_node of gpu-a2)" in out
+    assert runner.writes() == []

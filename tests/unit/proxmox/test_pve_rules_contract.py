@@ -223,3 +223,27 @@ def test_a_gpu_sharing_its_group_with_the_hosts_nic_is_refused_as_pvesim_would_t
     assert sim.nodes["pve1"]["drivers"]["0000:01:00.0"] == "mlx5_core"
     assert refused_by_pve(sim, s) == ""  # started ...
     assert sim.nodes["pve1"]["drivers"]["0000:01:00.0"] == "vfio-pci"  # ... with the node's NIC taken from it
+
+
+def test_an_offline_node_is_called_offline():
+    """GET /nodes lists a member that is down with status offline: the VM on it is refused as such (it used to say
+    'not a node of the cluster'), and so is a clone from a template node that is offline."""
+    sim = case_sim()
+    sim.nodes["pve2"]["status"] = "offline"
+    problems = role_problems(sim, spec(node="pve2", vmid=203, gpus=[{"mapping": "rtxpro-b0"}], storage="ceph-vm"))
+    assert any(
+        p.startswith("gpu-a1: proxmox_gpu_vm_node 'pve2' is a node of the cluster but offline (GET /nodes)")
+        and "bring pve2 back online" in p
+        for p in problems
+    ), problems
+    assert not any("not a node of the cluster" in p for p in problems)
+    sim.nodes["pve2"]["status"] = "online"
+    sim.nodes["pve1"]["status"] = "offline"  # the template's node
+    problems = role_problems(sim, spec(node="pve2", vmid=203, gpus=[{"mapping": "rtxpro-b0"}], storage="ceph-vm"))
+    assert any("proxmox_gpu_vm_template_node 'pve1' is offline (GET /nodes)" in p for p in problems), problems
+    problems = role_problems(sim, spec(node="pve7"))
+    assert any(
+        "proxmox_gpu_vm_node 'pve7' is not a node of the cluster (GET /nodes: pve1 offline, pve2 online)" in p
+        for p in problems
+    ), problems
+    assert sim.writes == []
