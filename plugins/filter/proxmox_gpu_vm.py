@@ -276,6 +276,35 @@ def affinity_note(s: dict) -> str:
     )
 
 
+def _bus_gpus(s: dict) -> list[tuple[int, dict]]:
+    return [
+        (i, g)
+        for i, g in enumerate(s.get("gpus") or [])
+        if isinstance(g, dict) and g.get("bus") and BUS_RE.match(str(g["bus"]))
+    ]
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Two bus ids name a common device (a bus id without function names every function of the slot)."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _twice_in_vm(vm: str, gpus: list[tuple[int, list[str]]], on: str) -> list[str]:
+    """GPU entries of one VM that name a common device: qemu-server fails the start, "device '<id>' assigned more than
+    once" (QemuServer/PCI.pm parse_hostpci_devices, 9.1.19 :556 / 8.4.10 :585)."""
+    problems = []
+    for a, (i, paths_i) in enumerate(gpus):
+        for j, paths_j in gpus[a + 1 :]:
+            both = sorted({p for p in paths_i for q in paths_j if _overlap(p, q)})
+            if both:
+                problems.append(
+                    f"{vm}: proxmox_gpu_vm_gpus[{i}] and proxmox_gpu_vm_gpus[{j}] name the same device "
+                    f"{', '.join(both)}{on}: Proxmox VE refuses the start (\"device '{both[0]}' assigned more than "
+                    'once"); list each GPU once in proxmox_gpu_vm_gpus'
+                )
+    return problems
+
+
 def static_problems(specs: list[dict]) -> list[str]:
     """Problems found in the inventory alone (no API call)."""
     problems = []
@@ -332,6 +361,7 @@ def static_problems(specs: list[dict]) -> list[str]:
                     f"{where}: GPU {key} is also given to {owners[key]}; a GPU can be passed through to one VM only"
                 )
             owners.setdefault(key, vm)
+        problems += _twice_in_vm(vm, [(i, [_full_bus(str(g["bus"]))]) for i, g in _bus_gpus(s)], "")
         if len(s.get("gpus", [])) > 16:
             problems.append(f"{vm}: proxmox_gpu_vm_gpus has {len(s['gpus'])} entries; Proxmox VE has hostpci0-15")
         hp = str(s.get("hugepages") or "")
@@ -433,6 +463,20 @@ def cluster_problems(specs: list[dict], cluster: dict, owner_tag: str) -> list[s
                 bus = _full_bus(str(gpu["bus"]))
                 if bus not in devices and not any(d.startswith(bus + ".") for d in devices):
                     problems.append(f"{where}.bus {gpu['bus']} is not in the PCI list of node {node}")
+        # one device twice in this VM through a mapping (bus ids alone: static_problems)
+        mine = []
+        for i, gpu in enumerate(s.get("gpus", [])):
+            alts = _mapping_paths(mappings.get(gpu.get("mapping"), {})).get(node) if gpu.get("mapping") else None
+            if alts is not None and len(alts) == 1:
+                mine.append((i, alts[0], True))
+            elif gpu.get("bus"):
+                mine.append((i, [_full_bus(str(gpu["bus"]))], False))
+        if any(mapped for _, _, mapped in mine):
+            problems += [
+                p
+                for p in _twice_in_vm(vm, [(i, paths) for i, paths, _ in mine], f" on {node}")
+                if any(m and f"[{i}]" in p for i, _, m in mine)
+            ]
         # a mapped GPU and a bus id can name the same device
         taken = {}
         for other in specs:

@@ -188,6 +188,17 @@ CASES = {
         "proxmox_gpu_vm_storage 'local-lvm' is not a shared storage of pve1",
         "can't clone to non-shared storage 'local-lvm'",
     ),
+    "the same GPU twice in one VM (bus ids)": (
+        lambda sim: spec(gpus=[{"bus": "0000:81:00.0"}, {"bus": "0000:82:00.0"}, {"bus": "0000:81:00"}]),
+        "gpu-a1: proxmox_gpu_vm_gpus[0] and proxmox_gpu_vm_gpus[2] name the same device 0000:81:00.0: Proxmox VE "
+        "refuses the start (\"device '0000:81:00.0' assigned more than once\"); list each GPU once",
+        "TASK ERROR: device '0000:81:00.0' assigned more than once",
+    ),
+    "the same GPU twice in one VM (a mapping and its bus id)": (
+        lambda sim: spec(node="pve2", vmid=203, storage="ceph-vm", gpus=[{"mapping": "rtxpro-b0"}, {"bus": "c1:00.0"}]),
+        "gpu-a1: proxmox_gpu_vm_gpus[0] and proxmox_gpu_vm_gpus[1] name the same device 0000:c1:00.0 on pve2",
+        "TASK ERROR: device '0000:c1:00.0' assigned more than once",
+    ),
     "name with '_'": (
         lambda sim: spec(name="gpu_a1"),
         "proxmox_gpu_vm_name 'gpu_a1' is not a DNS name",
