@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import test_pve_rules_contract as contract
 from ansible_collections.gpufleet.fleet.plugins.filter import proxmox_gpu_vm_privileges as privileges
 from cluster import cluster
 from proxmox_gpu_vm_info import read_cluster, read_permissions
 from proxmox_runner import Runner
-from pvesim.server import PveSim, PveSimServer
+from pvesim.server import ApiError, PveSim, PveSimServer
 
 OPS = ("ops@pve!gpufleet", "ops-token-secret-must-never-show")
 OPS_AUTH = f"API token {OPS[0]}"
@@ -120,3 +121,37 @@ def test_a_token_with_the_documented_privileges_provisions_and_one_without_is_re
         assert p.returncode == 0, p.stdout[-3000:]
         assert sim.vms[203]["status"] == "running" and sim.vms[203]["config"]["hostpci0"] == "mapping=rtxpro-b0,pcie=1"
         assert {w["user"] for w in sim.writes} == {OPS[0]}
+
+
+def test_pvesim_refuses_the_clone_and_efi_disk_the_role_refuses_for_lack_of_a_privilege():
+    """Datastore.AllocateSpace and SDN.Use (clone_vm) and the EFI disk's Datastore.AllocateSpace: the role names them
+    before any write, and pvesim refuses the very calls tasks/vm.yml would make, as Proxmox VE does."""
+    acl = documented_acl("8.4.1")
+    del acl["/storage/ceph-vm"], acl["/sdn/zones/localnetwork/vmbr0"]
+    sim = PveSim(ops_cluster("8.4.1", acl))
+    (problem,) = check(sim, token_spec())
+    assert "Datastore.AllocateSpace on /storage/ceph-vm (the clone's disks on that storage, allocating the" in problem
+    assert "SDN.Use on /sdn/zones/localnetwork/vmbr0 (the clone of the template's net0 on bridge vmbr0)" in problem
+    assert sim.writes == []
+    h = {"Authorization": f"PVEAPIToken={OPS[0]}={OPS[1]}"}
+    clone = {"newid": "203", "name": "gpu-b1", "full": "1", "storage": "ceph-vm", "target": "pve2"}
+    with pytest.raises(ApiError) as e:
+        sim.handle("POST", "/nodes/pve1/qemu/9000/clone", clone, h)
+    assert e.value.message == "Permission check failed (/storage/ceph-vm, Datastore.AllocateSpace)\n"
+    sim.perms.tokens[OPS[0]]["acl"]["/storage/ceph-vm"] = ["Datastore.Audit"]  # sees it, may not allocate
+    with pytest.raises(ApiError) as e:
+        sim.handle("POST", "/nodes/pve1/qemu/9000/clone", clone, h)
+    assert e.value.message == "Permission check failed (/storage/ceph-vm, Datastore.AllocateSpace)\n"
+    sim.perms.tokens[OPS[0]]["acl"]["/storage/ceph-vm"] = ["Datastore.AllocateSpace"]
+    with pytest.raises(ApiError) as e:
+        sim.handle("POST", "/nodes/pve1/qemu/9000/clone", clone, h)
+    assert e.value.message == "Permission check failed (/sdn/zones/localnetwork/vmbr0, SDN.Use)\n"
+    assert 203 not in sim.vms
+    # the EFI disk on a storage the token may not allocate on
+    sim.perms.tokens[OPS[0]]["acl"]["/sdn/zones/localnetwork/vmbr0"] = ["SDN.Use"]
+    sim.handle("POST", "/nodes/pve1/qemu/9000/clone", clone, h)
+    (problem,) = check(sim, token_spec(efidisk_storage="local-lvm"))
+    assert "Datastore.AllocateSpace on /storage/local-lvm (allocating the EFI disk on that storage)" in problem
+    with pytest.raises(ApiError) as e:
+        sim.handle("PUT", "/nodes/pve2/qemu/203/config", {"efidisk0": "local-lvm:1,efitype=4m"}, h)
+    assert e.value.message == "Permission check failed (/storage/local-lvm, Datastore.AllocateSpace)\n"
