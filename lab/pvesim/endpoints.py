@@ -4,6 +4,7 @@ from __future__ import annotations
 
 SERVED_ENDPOINTS = [
     "POST /access/ticket",
+    "GET /access/permissions",
     "GET /version",
     "GET /nodes",
     "GET /pools",

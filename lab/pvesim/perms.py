@@ -28,6 +28,60 @@ import re
 
 ROOT = "root@pam"
 
+# Every privilege of the release (the Administrator role, what root@pam has): pve-access-control
+# src/PVE/AccessControl.pm $privgroups + $valid_privs, 9.1: 5ccd07d (9.1.1) :1057-1168, 8.4: stable-bookworm 0f258e7
+# (8.2.3) :1057-1164. Proxmox VE 9 split VM.Monitor into VM.GuestAgent.* (and added VM.Replicate).
+_COMMON_PRIVS = [
+    "Datastore.Allocate",
+    "Datastore.AllocateSpace",
+    "Datastore.AllocateTemplate",
+    "Datastore.Audit",
+    "Group.Allocate",
+    "Mapping.Audit",
+    "Mapping.Modify",
+    "Mapping.Use",
+    "Permissions.Modify",
+    "Pool.Allocate",
+    "Pool.Audit",
+    "Realm.Allocate",
+    "Realm.AllocateUser",
+    "SDN.Allocate",
+    "SDN.Audit",
+    "SDN.Use",
+    "Sys.AccessNetwork",
+    "Sys.Audit",
+    "Sys.Console",
+    "Sys.Incoming",
+    "Sys.Modify",
+    "Sys.PowerMgmt",
+    "Sys.Syslog",
+    "User.Modify",
+    "VM.Allocate",
+    "VM.Audit",
+    "VM.Backup",
+    "VM.Clone",
+    "VM.Config.CDROM",
+    "VM.Config.CPU",
+    "VM.Config.Cloudinit",
+    "VM.Config.Disk",
+    "VM.Config.HWType",
+    "VM.Config.Memory",
+    "VM.Config.Network",
+    "VM.Config.Options",
+    "VM.Console",
+    "VM.Migrate",
+    "VM.PowerMgmt",
+    "VM.Snapshot",
+    "VM.Snapshot.Rollback",
+]
+ALL_PRIVS = {
+    "8.4": sorted([*_COMMON_PRIVS, "VM.Monitor"]),
+    "9.1": sorted(
+        [*_COMMON_PRIVS, "VM.GuestAgent.Audit", "VM.GuestAgent.FileRead", "VM.GuestAgent.FileSystemMgmt"]
+        + ["VM.GuestAgent.FileWrite", "VM.GuestAgent.Unrestricted", "VM.Replicate"]
+    ),
+}
+
 # QA:765-838: the privilege each option class needs (everything else is root only).
 CPU_OPTIONS = {"cores", "cpu", "runningcpu", "cpulimit", "cpuunits", "numa", "smp", "sockets", "vcpus"}
 MEMORY_OPTIONS = {"memory", "balloon", "shares", "allow-ksm"}  # 8.4: without allow-ksm

@@ -25,7 +25,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pvesim.endpoints import SERVED_ENDPOINTS
 from pvesim.formats import NotSimulated, split_list
-from pvesim.perms import PermError, Perms
+from pvesim.perms import ALL_PRIVS, PermError, Perms
 from pvesim.schema import Schema, release_of
 from pvesim.vmconfig import ConfigMixin
 from pvesim.vmstart import StartMixin
@@ -220,6 +220,24 @@ class PveSim(ConfigMixin, StartMixin):
         return {"username": username, "ticket": ticket, "CSRFPreventionToken": "csrf-" + ticket[-16:]}
 
     # ---- read-only endpoints -------------------------------------------------------------------
+    def ep_get_access_permissions(self, user, path=None, userid=None, **_):
+        """pve-access-control 5ccd07d src/PVE/API2/AccessControl.pm:509-574 (8.4: stable-bookworm 0f258e7 :552-617):
+        the caller's own privileges (or an owned token's; another's needs Sys.Audit on /access) on `path`, as
+        RPCEnvironment permissions computes them (root@pam: every privilege; a token: its user's, or with privilege
+        separation the intersection), {path: {privilege: 1}}, {} without any. The whole tree (no `path`) is not
+        simulated."""
+        uid = userid or user
+        owned = "!" in uid and uid.split("!", 1)[0] == user
+        if uid != user and not owned:
+            self.perms.check(user, "/access", ["Sys.Audit"])
+        if path is None:
+            raise self.not_simulated("GET /access/permissions without path (get_effective_permissions)")
+        if "!" in uid and uid not in self.perms.tokens:
+            return {}
+        privs = self.perms.privs(uid, path)
+        privs = ALL_PRIVS[self.schema.release] if privs is None else sorted(privs)
+        return {path: {p: 1 for p in privs}} if privs else {}
+
     def ep_get_version(self, user, **_):
         return {"version": self.version, "release": self.version.rsplit(".", 1)[0], "repoid": "d4bcd4a8"}
 

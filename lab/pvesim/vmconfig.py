@@ -12,7 +12,10 @@ Line numbers: qemu-server 41ffc59e (9.1.19) src/PVE/API2/Qemu.pm ("QA") unless s
 - Clone (clone_vm QA:4307-4727, checks before the worker QA:4725): `storage` must allow VM images (QA:4435); with
   `target` on another node the storage must be shared, "can't clone to non-shared storage '<storage>'" (QA:4442),
   and every source volume on shared storage, "can't clone VM to node '<target>' (VM uses local storage)"
-  (QA:4476); a linked clone takes no `storage` (QA:4460-4461).
+  (QA:4476); a linked clone takes no `storage` (QA:4460-4461); Datastore.AllocateSpace on the clone's storage and
+  SDN.Use on each NIC's bridge (QA:4469-4472) for anyone but root@pam.
+- PUT config, before any write: a new disk needs Datastore.AllocateSpace on its storage (QA:189), a balloon above the
+  memory is refused (QA:2208-2217); in the update loop a disk needs VM.Config.Disk (QA:2242-2258).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import re
 from urllib.parse import quote, unquote
 
 from pvesim.formats import split_list
+from pvesim.perms import DRIVE_RE
 
 # qemu-server QemuServer.pm $fast_plug_option: applied at once even while the VM runs.
 FAST_PLUG = {"name", "onboot", "shares", "vmstatestorage", "startup", "description", "protection", "tags", "hookscript"}
@@ -105,8 +109,10 @@ class ConfigMixin:
             deletes.append(opt)
         self.perms.check_vm_modify_config(user, vm["vmid"], deletes)  # QA:2165
         self.perms.check_vm_modify_config(user, vm["vmid"], sorted(params))  # QA:2167
+        self._check_storage_access(user, vm, params)  # QA:2169-2171
         if digest and digest != self._digest(vm["config"]):
             raise self.api_error(500, "detected modified configuration - file changed by other user? Try again.\n")
+        self._check_balloon(vm, params)
         if "sshkeys" in params:
             params["sshkeys"] = quote(unquote(params["sshkeys"]), safe="")
         if "tags" in params:
@@ -127,6 +133,8 @@ class ConfigMixin:
                     vm["pending_delete"].append(k)
         for k in sorted(params):
             v = params[k]
+            if DRIVE_RE.match(k):
+                self._check_drive_perms(user, vm, k, v)
             if k.startswith("hostpci"):
                 if vm["config"].get(k):
                     self._hostpci_perm(user, vm, k, vm["config"][k])
@@ -144,6 +152,43 @@ class ConfigMixin:
         for k in [k for k, v in vm["pending"].items() if str(vm["config"].get(k)) == str(v)]:
             del vm["pending"][k]
         return None
+
+    def _check_storage_access(self, user: str, vm: dict, params: dict) -> None:
+        """$check_storage_access (QA:163-259, 8.4 :154-264) for the drives set: a new disk `STORAGE:SIZE`
+        (Drive.pm $NEW_DISK_RE) needs Datastore.AllocateSpace on /storage/<id> (QA:189, 8.4 :180) and a storage that
+        holds images, else 400 {"storage": "storage '<id>' does not support vm images"} (QA:191-192)."""
+        for k in sorted(params):
+            m = re.match(r"^(?:([^/:\s]+):)?(\d+(?:\.\d+)?)$", str(params[k]).split(",", 1)[0])
+            if not DRIVE_RE.match(k) or not m or "media=cdrom" in str(params[k]):
+                continue
+            if not m[1]:
+                raise self.not_simulated("a new disk without a storage (the default storage)")
+            self.perms.check(user, f"/storage/{m[1]}", ["Datastore.AllocateSpace"])
+            stores = self._storages(vm["node"])
+            if m[1] in stores and "images" not in stores[m[1]]["content"].split(","):
+                raise self.param_exc({"storage": f"storage '{m[1]}' does not support vm images"})
+
+    def _check_drive_perms(self, user: str, vm: dict, opt: str, value: str) -> None:
+        """The update loop's check_drive_perms (QA:2242-2258, 8.4 :2174-2189): a cloud-init drive needs
+        VM.Config.Cloudinit or VM.Config.CDROM, a CD-ROM VM.Config.CDROM, any other disk VM.Config.Disk."""
+        if "cloudinit" in str(value):
+            self.perms.check(user, f"/vms/{vm['vmid']}", ["VM.Config.Cloudinit", "VM.Config.CDROM"], any_=True)
+        elif "media=cdrom" in str(value):
+            self.perms.check(user, f"/vms/{vm['vmid']}", ["VM.Config.CDROM"])
+        else:
+            self.perms.check(user, f"/vms/{vm['vmid']}", ["VM.Config.Disk"])
+
+    def _check_balloon(self, vm: dict, params: dict) -> None:
+        """QA:2208-2217 (8.4 :2143-2153), before any write: with memory or balloon set, a balloon above the memory
+        (its `current`, Memory.pm get_current_memory; default 512) dies "balloon value too large (must be smaller
+        than assigned memory)"."""
+        if not (params.get("memory") or "balloon" in params):
+            return
+        memory = params.get("memory") or vm["pending"].get("memory") or vm["config"].get("memory") or "512"
+        maxmem = int(str(memory).split(",")[0].replace("current=", ""))
+        balloon = params.get("balloon", vm["pending"].get("balloon") or vm["config"].get("balloon"))
+        if balloon and int(balloon) > maxmem:
+            raise self.api_error(500, "balloon value too large (must be smaller than assigned memory)\n")
 
     def _hostpci_perm(self, user: str, vm: dict, opt: str, value: str) -> None:
         parsed = {}
@@ -192,6 +237,22 @@ class ConfigMixin:
         full_clone = bool(int(full)) if full is not None else not src["template"]
         if storage and not full_clone:
             raise self.api_error(500, "parameter 'storage' not allowed for linked clones\n")
+        # $check_storage_access_clone (QA:261-302 / 8.4 :273-314, called QA:4469 / :4371): each disk that is no
+        # CD-ROM needs Datastore.AllocateSpace on the clone's storage (`storage`, else its own) (QA:293 / :305);
+        # check_bridge_access (QA:4472 / :4374, QemuServer.pm :6399-6412 / :7000) -> pve-guest-common
+        # GuestHelpers.pm check_vnet_access (6.0.2 7353101 :397-421 / 5.2.2 58ad183 :393-417): SDN.Use on
+        # /sdn/zones/<zone>/<bridge> per NIC, /<tag> with a VLAN tag (zone `localnetwork`: no SDN vnets simulated)
+        if user != "root@pam":
+            for k, store in self._volumes(src["config"]):
+                if "media=cdrom" not in str(src["config"][k]):
+                    self.perms.check(user, f"/storage/{storage or store}", ["Datastore.AllocateSpace"])
+            for k, v in sorted(src["config"].items()):
+                fields = dict(kv.split("=", 1) for kv in str(v).split(",") if "=" in kv)
+                if re.match(r"^net\d+$", k) and fields.get("bridge"):
+                    if fields.get("trunks"):
+                        raise self.not_simulated("check_vnet_access for trunks")
+                    tag = f"/{fields['tag']}" if fields.get("tag") else ""
+                    self.perms.check(user, f"/sdn/zones/localnetwork/{fields['bridge']}{tag}", ["SDN.Use"])
         shared = all(stores.get(s, {}).get("shared") for _, s in self._volumes(src["config"]))
         if target and not shared:
             raise self.api_error(500, f"can't clone VM to node '{target}' (VM uses local storage)\n")

@@ -25,12 +25,18 @@ Sources (line numbers: qemu-server 41ffc59e 9.1.19 / 5ccd363e 8.4.10, installed 
 - `affinity` runs QEMU under `taskset --cpu-list --all-tasks <affinity>` (QemuServer.pm 3188-3189 / 3697): a set
   with none of the host's CPUs fails (sched_setaffinity EINVAL: util-linux taskset "failed to set pid 0's
   affinity: Invalid argument"), a set with some of them is cut to those, as the kernel does.
-- prepare_pci_device (PCI.pm 711 / 733): without an IOMMU (the node lists iommugroup -1) "cannot prepare PCI
-  pass-through, IOMMU not present".
-- QEMU itself: a passed device whose IOMMU group holds a device still bound to a host driver fails in
-  vfio_group_get (qemu hw/vfio/container-legacy.c, commit abe80c8a: "group %d is not viable" + "Please ensure
-  all devices within the iommu_group are bound to their vfio bus driver."); qemu-server then dies "QEMU exited
-  with code 1" (QemuServer.pm 5817 / 6307) wrapped as "start failed: ..." (5860 / 6350).
+- prepare_pci_device (PCI.pm 707-730 / 729-751): without an IOMMU (the node lists iommugroup -1) "cannot prepare
+  PCI pass-through, IOMMU not present" (711 / 733); otherwise, unless the entry has `mdev` or `driver=keep`
+  (9.1 only), it binds **every device of the passed device's IOMMU group** to vfio-pci (722-723 / 743-744,
+  pve-common src/PVE/SysFSTools.pm pci_dev_group_bind_to_vfio, 5054082 (9.1.21) 370-399 / stable-bookworm
+  9196280 (8.3.8) 344-373: each device of iommu_group/devices but bridges, `next if -e .../pci_bus`, unbound from
+  its driver and bound to vfio-pci). So a NIC in a GPU's group loses its host driver and the start goes on: here
+  the node's `drivers` entry of each such device becomes vfio-pci (bridges, class 0x0604, are left).
+- QEMU itself, for a `driver=keep` entry (nothing rebound): a passed device whose IOMMU group holds a device still
+  bound to a host driver fails in vfio_group_get (qemu hw/vfio/container-legacy.c, commit abe80c8a: "group %d is
+  not viable" + "Please ensure all devices within the iommu_group are bound to their vfio bus driver.");
+  qemu-server then dies "QEMU exited with code 1" (QemuServer.pm 5817 / 6307) wrapped as "start failed: ..."
+  (5860 / 6350).
 The task ends with the message as its exitstatus (like a real failed task); the VM stays stopped.
 """
 
@@ -217,15 +223,21 @@ class StartMixin:
         self._numa_checks(vm, conf)
         if any(d["iommugroup"] == -1 for d in self.nodes[vm["node"]]["pci"]) and mine:
             raise StartError("cannot prepare PCI pass-through, IOMMU not present")
-        drivers = self.nodes[vm["node"]].get("drivers", {})
+        drivers = self.nodes[vm["node"]].setdefault("drivers", {})
+        rebind = set()
         for key, devs in sorted(devices.items()):
+            opts = _props(conf[key])
             for dev in devs:
                 group = [
                     d
                     for d in self.nodes[vm["node"]]["pci"]
-                    if d["iommugroup"] == dev["iommugroup"] and d["id"] not in mine
+                    if d["iommugroup"] == dev["iommugroup"] and not d["class"].startswith("0x0604")
                 ]
-                if any(drivers.get(d["id"]) not in VFIO_OK and not d["class"].startswith("0x0604") for d in group):
+                if not opts.get("mdev") and opts.get("driver", "vfio") != "keep":
+                    rebind.update(d["id"] for d in group)  # pci_dev_group_bind_to_vfio: the whole group
+                    continue
+                group = [d for d in group if d["id"] not in mine]
+                if any(drivers.get(d["id"]) not in VFIO_OK for d in group):
                     raise StartError(
                         "start failed: QEMU exited with code 1",
                         [
@@ -234,6 +246,8 @@ class StartMixin:
                             "Please ensure all devices within the iommu_group are bound to their vfio bus driver.",
                         ],
                     )
+        for dev in sorted(rebind):  # prepare_pci_device runs before QEMU: the host's drivers are unbound for good
+            drivers[dev] = "vfio-pci"
         self._affinity_check(vm, conf)
         vm["_pci_next"] = sorted(mine)
         if fault:  # fault mode start_fails: the start task fails although the configuration is fine

@@ -152,6 +152,20 @@ def numa_problems(s: dict) -> list[str]:
             )
     if problems:
         return problems
+    unknown = [i for i, gpu in enumerate(s.get("gpus") or []) if gpu.get("numa_node", s.get("numa_node")) in (None, "")]
+    if unknown:
+        which = ", ".join(
+            f"proxmox_gpu_vm_gpus[{i}] ({s['gpus'][i].get('bus') or 'mapping ' + str(s['gpus'][i].get('mapping'))})"
+            for i in unknown
+        )
+        return [
+            f"{vm}: no host NUMA node is known for {which} on {s.get('node')}: proxmox_gpu_vm_numa_node is not set "
+            "and the GPU has no numa_node. Proxmox VE's API does not say which NUMA node a PCI device is on (GET "
+            "/nodes/{node}/hardware/pci has no numa_node), and a wrong guess binds the VM's memory and vCPUs to the "
+            "other socket: set proxmox_gpu_vm_numa_node (all GPUs of the VM) or proxmox_gpu_vm_gpus[i].numa_node to "
+            f"the output of cat /sys/bus/pci/devices/<bus id>/numa_node on {s.get('node')} "
+            "(playbooks/proxmox_node_check.yml reads and prints it)"
+        ]
     nodes = gpu_host_nodes(s)
     k, vcpus, memory = len(nodes), int(s["cores"]) * int(s["sockets"]), int(s["memory"])
     if k > MAX_NUMA:
@@ -218,13 +232,77 @@ def numa_config(s: dict) -> dict:
         first, count = i * (vcpus // k), vcpus // k
         cpus = str(first) if count == 1 else f"{first}-{first + count - 1}"
         conf[f"numa{i}"] = f"cpus={cpus},hostnodes={n},memory={memory // k},policy=bind"
-    by_node = s.get("host_numa_cpus") or {}
-    if s.get("cpu_affinity") and by_node:
-        by_node = _host_numa_cpus(s)
-        cpus = [c for n in nodes for c in parse_cpuset(by_node.get(n, "")) or []]
-        if cpus:
-            conf["affinity"] = cpuset_string(cpus)
+    affinity = _affinity(s, nodes)
+    if affinity:
+        conf["affinity"] = affinity
     return conf
+
+
+def _affinity(s: dict, nodes: list[int]) -> str | None:
+    """The host CPUs of the GPUs' NUMA nodes as one CPU set, or None: without CPU lists or cpu_affinity, and when
+    the set is every CPU the lists name (a VM on all the host's nodes: a set that pins nothing)."""
+    if not (s.get("cpu_affinity") and s.get("host_numa_cpus") and nodes):
+        return None
+    by_node = _host_numa_cpus(s)
+    cpus = {c for n in nodes for c in parse_cpuset(by_node.get(n, "")) or []}
+    every = {c for text in by_node.values() for c in parse_cpuset(text) or []}
+    return cpuset_string(cpus) if cpus and cpus != every else None
+
+
+def affinity_note(s: dict) -> str:
+    """Why a VM on several host NUMA nodes gets no per-node CPU pinning (empty for a VM on one node): Proxmox VE's
+    `affinity` is one CPU set for every thread of QEMU (qemu-server QemuServer.pm 9.1.19 :3188-3189, 8.4.10 :3697:
+    `taskset --cpu-list --all-tasks <affinity>`), so it cannot keep each guest NUMA node's vCPUs on its own host
+    node; only the memory is bound per node (numaN hostnodes=, policy=bind)."""
+    try:
+        nodes = gpu_host_nodes(s)
+    except (TypeError, ValueError):
+        return ""
+    if len(nodes) < 2 or not (s.get("cpu_affinity") and s.get("host_numa_cpus")):
+        return ""
+    on = ", ".join(map(str, nodes))
+    why = (
+        f"{s['name']}: the GPUs sit on host NUMA nodes {on}. Proxmox VE's affinity is one CPU set for all of QEMU's "
+        "threads (taskset --all-tasks), it cannot pin each guest NUMA node's vCPUs to its own host node: the memory "
+        "of each guest node is bound to its host node (numaN hostnodes, policy=bind), but a guest node's vCPUs may "
+        "run on another node's CPUs. "
+    )
+    affinity = _affinity(s, nodes)
+    if affinity:
+        return why + f"affinity is {affinity}, the CPUs of nodes {on} together (the VM stays off the other nodes)."
+    return why + (
+        f"No affinity is set: the CPUs of nodes {on} are every CPU of proxmox_gpu_vm_host_numa_cpus, which pins "
+        "nothing. To pin vCPUs to a GPU's socket, give each socket's GPUs a VM of their own."
+    )
+
+
+def _bus_gpus(s: dict) -> list[tuple[int, dict]]:
+    return [
+        (i, g)
+        for i, g in enumerate(s.get("gpus") or [])
+        if isinstance(g, dict) and g.get("bus") and BUS_RE.match(str(g["bus"]))
+    ]
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Two bus ids name a common device (a bus id without function names every function of the slot)."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _twice_in_vm(vm: str, gpus: list[tuple[int, list[str]]], on: str) -> list[str]:
+    """GPU entries of one VM that name a common device: qemu-server fails the start, "device '<id>' assigned more than
+    once" (QemuServer/PCI.pm parse_hostpci_devices, 9.1.19 :556 / 8.4.10 :585)."""
+    problems = []
+    for a, (i, paths_i) in enumerate(gpus):
+        for j, paths_j in gpus[a + 1 :]:
+            both = sorted({p for p in paths_i for q in paths_j if _overlap(p, q)})
+            if both:
+                problems.append(
+                    f"{vm}: proxmox_gpu_vm_gpus[{i}] and proxmox_gpu_vm_gpus[{j}] name the same device "
+                    f"{', '.join(both)}{on}: Proxmox VE refuses the start (\"device '{both[0]}' assigned more than "
+                    'once"); list each GPU once in proxmox_gpu_vm_gpus'
+                )
+    return problems
 
 
 def static_problems(specs: list[dict]) -> list[str]:
@@ -283,6 +361,7 @@ def static_problems(specs: list[dict]) -> list[str]:
                     f"{where}: GPU {key} is also given to {owners[key]}; a GPU can be passed through to one VM only"
                 )
             owners.setdefault(key, vm)
+        problems += _twice_in_vm(vm, [(i, [_full_bus(str(g["bus"]))]) for i, g in _bus_gpus(s)], "")
         if len(s.get("gpus", [])) > 16:
             problems.append(f"{vm}: proxmox_gpu_vm_gpus has {len(s['gpus'])} entries; Proxmox VE has hostpci0-15")
         hp = str(s.get("hugepages") or "")
@@ -338,10 +417,27 @@ def cluster_problems(specs: list[dict], cluster: dict, owner_tag: str) -> list[s
     mappings = {m["id"]: m for m in cluster.get("mappings", [])}
     for s in specs:
         vm, node = s["name"], s["node"]
+        offline = cluster.get("offline") or {}
+        tnode = s.get("template_node") or node
+        vmid = s.get("vmid")
+        new = vmid in (None, "") or not any(int(r["vmid"]) == int(vmid) for r in cluster.get("vms", []))
+        if s.get("template") and new and tnode != node and tnode in offline:
+            problems.append(
+                f"{vm}: proxmox_gpu_vm_template_node {tnode!r} is {offline[tnode]} (GET /nodes), so the template "
+                f"cannot be cloned from it: bring {tnode} back online, or set proxmox_gpu_vm_template_node to an "
+                "online node with the template"
+            )
+        if node in offline:
+            problems.append(
+                f"{vm}: proxmox_gpu_vm_node {node!r} is a node of the cluster but {offline[node]} (GET /nodes), so "
+                f"its PCI devices and VMs cannot be read nor the VM created or started there: bring {node} back "
+                "online (its pve-cluster and pveproxy), or choose another node in proxmox_gpu_vm_node"
+            )
+            continue
         if node not in cluster.get("pci", {}):
             problems.append(
-                f"{vm}: proxmox_gpu_vm_node {node!r} is not a node of the cluster "
-                f"({', '.join(sorted(cluster.get('pci', {}))) or 'none'})"
+                f"{vm}: proxmox_gpu_vm_node {node!r} is not a node of the cluster (GET /nodes: "
+                f"{', '.join(f'{n} {st}' for n, st in sorted((cluster.get('nodes') or {}).items())) or 'none'})"
             )
             continue
         devices = {_full_bus(d["id"]) for d in cluster["pci"][node]}
@@ -367,6 +463,20 @@ def cluster_problems(specs: list[dict], cluster: dict, owner_tag: str) -> list[s
                 bus = _full_bus(str(gpu["bus"]))
                 if bus not in devices and not any(d.startswith(bus + ".") for d in devices):
                     problems.append(f"{where}.bus {gpu['bus']} is not in the PCI list of node {node}")
+        # one device twice in this VM through a mapping (bus ids alone: static_problems)
+        mine = []
+        for i, gpu in enumerate(s.get("gpus", [])):
+            alts = _mapping_paths(mappings.get(gpu.get("mapping"), {})).get(node) if gpu.get("mapping") else None
+            if alts is not None and len(alts) == 1:
+                mine.append((i, alts[0], True))
+            elif gpu.get("bus"):
+                mine.append((i, [_full_bus(str(gpu["bus"]))], False))
+        if any(mapped for _, _, mapped in mine):
+            problems += [
+                p
+                for p in _twice_in_vm(vm, [(i, paths) for i, paths, _ in mine], f" on {node}")
+                if any(m and f"[{i}]" in p for i, _, m in mine)
+            ]
         # a mapped GPU and a bus id can name the same device
         taken = {}
         for other in specs:
@@ -585,4 +695,5 @@ class FilterModule:
             "proxmox_gpu_vm_bar_gib": bar_gib,
             "proxmox_gpu_vm_mmio64_mb": mmio64_mb,
             "proxmox_gpu_vm_start_timeout": start_timeout,
+            "proxmox_gpu_vm_affinity_note": affinity_note,
         }

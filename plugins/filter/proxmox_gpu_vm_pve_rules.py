@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpufleet.fleet.plugins.filter.proxmox_gpu_vm import desired_config, gpu_host_nodes, numa_config
+from ansible_collections.gpufleet.fleet.plugins.filter.proxmox_gpu_vm import desired_config, numa_config
 
 ROOT_AUTH = "root@pam password"
 DNS_NAME_RE = re.compile(r"^(([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?)\.)*([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?)$")
@@ -81,8 +81,8 @@ def pve_static_problems(specs: list[dict]) -> list[str]:
                     "proxmox_gpu_vm_extra_tags or proxmox_gpu_vm_owner_tag) has characters Proxmox VE refuses in "
                     "a tag (allowed: letters, digits, '_', '-', '+', '.'); change that variable"
                 )
-        gpus_are_dicts = all(isinstance(g, dict) for g in s.get("gpus") or [])
-        if s.get("hugepages") and s.get("numa_node") in (None, "") and not (gpus_are_dicts and gpu_host_nodes(s)):
+        # a VM with GPUs: a GPU without a NUMA node is refused by proxmox_gpu_vm_static_problems (numa_problems)
+        if s.get("hugepages") and s.get("numa_node") in (None, "") and not s.get("gpus"):
             problems.append(
                 f"{vm}: proxmox_gpu_vm_hugepages {s['hugepages']!r} needs NUMA, but proxmox_gpu_vm_numa_node is "
                 'not set: Proxmox VE refuses to start the VM ("numa needs to be enabled to use hugepages"); set '
@@ -154,11 +154,14 @@ def _iommu_problems(vm: str, node: str, gpus: list[tuple[int, list[dict]]], pci:
                 names = ", ".join(
                     f"{x['id']} (class {x.get('class')}, {x.get('vendor_name') or x.get('vendor')})" for x in others
                 )
+                ids = ", ".join(x["id"] for x in others)
                 problems.append(
-                    f"{where} shares IOMMU group {group} with {names}, which the VM does not get: QEMU cannot take "
-                    f'a group the host still uses ("group {group} is not viable"); the GPU must be alone in its '
-                    "group or only with its own functions: move the card to a slot with its own group, or choose "
-                    "another GPU in proxmox_gpu_vm_gpus"
+                    f"{where} shares IOMMU group {group} with {names}, which the VM does not get: Proxmox VE binds "
+                    "every device of the group to vfio-pci when the VM starts (qemu-server PCI.pm prepare_pci_device, "
+                    f"pve-common SysFSTools.pm pci_dev_group_bind_to_vfio), so the node would lose {ids} (its host "
+                    "driver is unbound: a NIC takes the node's network on it along) and no other VM could have "
+                    "it; the GPU must be alone in its group or only with its own functions: move the card to a slot "
+                    "with its own group, or choose another GPU in proxmox_gpu_vm_gpus"
                 )
     return problems
 

@@ -31,9 +31,19 @@ options:
     elements: str
     default: []
   agent:
-    description: Also read the guest agent's network interfaces of running VMs with the agent on.
+    description:
+      - Also read the guest agent's network interfaces of running VMs with the agent on.
+      - A refusal for lack of a privilege (HTTP 403, VM.Monitor on 8.4, VM.GuestAgent.Audit on 9.x) fails the module
+        at once; any other error reads as "no address yet".
     type: bool
     default: false
+  permissions:
+    description:
+      - ACL paths (/vms/201, /storage/local-lvm, ...) whose privileges of the API user are read with
+        GET /access/permissions?path=<path> (any user may read its own), instead of the cluster.
+    type: list
+    elements: str
+    default: []
 extends_documentation_fragment:
   - community.proxmox.proxmox.actiongroup_proxmox
   - community.proxmox.proxmox.documentation
@@ -56,9 +66,15 @@ EXAMPLES = r"""
 RETURN = r"""
 cluster:
   description: >-
-    vms (cluster resources), pci and storage (node -> list), mappings, hostpci (vmid -> {hostpciN: value}) of the
-    nodes' other VMs, templates (name -> [{vmid, node, storages}]), configs/pending/status/agent_ip by vmid.
-  returned: always
+    vms (cluster resources), nodes (every member -> its status), pci and storage (node -> list) of the online
+    nodes, offline (the given nodes that are members but not online -> their status), mappings, hostpci (vmid ->
+    {hostpciN: value}) of the nodes' other VMs, templates (name -> [{vmid, node, storages, disks, nets}]),
+    configs/pending/status/agent_ip by vmid.
+  returned: unless permissions is given
+  type: dict
+permissions:
+  description: path -> the privileges the API user has there (empty list - none), for the given permissions paths.
+  returned: when permissions is given
   type: dict
 """
 
@@ -84,6 +100,29 @@ def volume_storages(conf: dict) -> list[str]:
     return sorted(out)
 
 
+NET_RE = re.compile(r"^net\d+$")
+
+
+def volume_disks(conf: dict) -> list[str]:
+    """The storages of a VM's disks that are no CD-ROM (clone_vm checks Datastore.AllocateSpace for those)."""
+    return sorted({st for k, v in conf.items() for st in volume_storages({k: v}) if "media=cdrom" not in str(v)})
+
+
+def nets(conf: dict) -> list[dict]:
+    """The bridge (and VLAN tag) of each netN (clone_vm's check_bridge_access: SDN.Use on them)."""
+    out = []
+    for k, v in sorted(conf.items()):
+        fields = dict(kv.split("=", 1) for kv in str(v).split(",") if "=" in kv)
+        if NET_RE.match(k) and fields.get("bridge"):
+            out.append({"key": k, "bridge": fields["bridge"], "tag": fields.get("tag")})
+    return out
+
+
+def read_permissions(api, paths: list[str]) -> dict:
+    """path -> sorted privileges of the API user there (GET /access/permissions?path=)."""
+    return {path: sorted((api.access.permissions.get(path=path) or {}).get(path, {})) for path in paths}
+
+
 def agent_ip(ifaces: dict) -> str | None:
     for iface in (ifaces or {}).get("result", []):
         if iface.get("name") == "lo":
@@ -100,10 +139,21 @@ def read_cluster(api, nodes: list[str], vmids: list[int], templates: list[str], 
     out.update(configs={}, pending={}, status={}, agent_ip={})
     out["version"] = api.version.get()["version"]
     out["vms"] = [r for r in api.cluster.resources.get(type="vm") if r.get("type") == "qemu"]
-    online = {n["node"] for n in api.nodes.get() if n.get("status") == "online"}
+    status = {n["node"]: n.get("status") for n in api.nodes.get()}
+    online = {n for n, st in status.items() if st == "online"}
+    out["nodes"] = status  # every member: online, offline or unknown
+    out["offline"] = {n: status[n] for n in nodes if n in status and n not in online}
     for node in nodes:
         if node in online:
-            out["pci"][node] = api.nodes(node).hardware.pci.get()
+            try:
+                out["pci"][node] = api.nodes(node).hardware.pci.get()
+            except Exception as e:
+                if getattr(e, "status_code", None) == 403:
+                    raise RuntimeError(
+                        f"GET /nodes/{node}/hardware/pci: {e}: the API user needs Sys.Audit (or Sys.Modify) on / "
+                        "(docs/proxmox.md, API privileges)"
+                    ) from e
+                raise
             out["storage"][node] = api.nodes(node).storage.get()
     out["mappings"] = api.cluster.mapping.pci.get()
     by_vmid = {int(r["vmid"]): r for r in out["vms"]}
@@ -115,7 +165,13 @@ def read_cluster(api, nodes: list[str], vmids: list[int], templates: list[str], 
         if r.get("template") and r.get("name") in templates:
             conf = api.nodes(r["node"]).qemu(r["vmid"]).config.get()
             out["templates"].setdefault(r["name"], []).append(
-                {"vmid": int(r["vmid"]), "node": r["node"], "storages": volume_storages(conf)}
+                {
+                    "vmid": int(r["vmid"]),
+                    "node": r["node"],
+                    "storages": volume_storages(conf),
+                    "disks": volume_disks(conf),
+                    "nets": nets(conf),
+                }
             )
     for vmid in vmids:
         vm = by_vmid.get(int(vmid))
@@ -129,7 +185,12 @@ def read_cluster(api, nodes: list[str], vmids: list[int], templates: list[str], 
         if agent and out["status"][key] == "running":
             try:
                 out["agent_ip"][key] = agent_ip(q.agent("network-get-interfaces").get())
-            except Exception:  # the agent is not up yet: no address, the caller retries
+            except Exception as e:  # the agent is not up yet: no address, the caller retries
+                if getattr(e, "status_code", None) == 403:  # a missing privilege does not pass with time
+                    raise RuntimeError(
+                        f"GET /nodes/{vm['node']}/qemu/{vmid}/agent/network-get-interfaces: {e}: the API user needs "
+                        "VM.Monitor (Proxmox VE 8) or VM.GuestAgent.Audit (9) on /vms/" + key
+                    ) from e
                 out["agent_ip"][key] = None
     return out
 
@@ -140,9 +201,15 @@ def main() -> None:
         vmids=dict(type="list", elements="int", default=[]),
         templates=dict(type="list", elements="str", default=[]),
         agent=dict(type="bool", default=False),
+        permissions=dict(type="list", elements="str", default=[]),
     )
     api = proxmox_api(module)
     p = module.params
+    if p["permissions"]:
+        try:
+            module.exit_json(changed=False, permissions=read_permissions(api, p["permissions"]))
+        except Exception as e:  # noqa: BLE001
+            module.fail_json(msg=f"reading the API user's privileges (GET /access/permissions) failed: {e}")
     try:
         out = read_cluster(api, p["nodes"], p["vmids"], p["templates"], p["agent"])
     except Exception as e:  # noqa: BLE001 - the API's message is the useful part

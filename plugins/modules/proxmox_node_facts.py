@@ -10,7 +10,8 @@ short_description: Read a Proxmox VE node's GPU passthrough prerequisites (read-
 description:
   - Reads, on the node, what the Proxmox VE API does not expose - C(/proc/cmdline), the loaded and built-in
     modules (C(/sys/module), C(/proc/modules)), the IOMMU groups (C(/sys/kernel/iommu_groups)), the driver bound to
-    each PCI device of the given classes (C(/sys/bus/pci/devices/*/driver)), and per NUMA node its CPUs and
+    each PCI device (C(/sys/bus/pci/devices/*/driver)) and its NUMA node
+    (C(/sys/bus/pci/devices/*/numa_node), which the Proxmox VE API does not expose), and per NUMA node its CPUs and
     hugepages of each size (C(/sys/devices/system/node/node*/)).
   - Writes nothing; check mode safe.
 options:
@@ -19,10 +20,13 @@ options:
     type: path
     default: /
   pci_classes:
-    description: PCI class prefixes whose devices' drivers are read (0x03 display, 0x0403 audio of a GPU).
+    description: >-
+      PCI class prefixes whose devices are read (0x03 display, 0x02 network, ...); empty (the default) - every device,
+      since a GPU's IOMMU group may hold any device (a NIC, a storage controller) and Proxmox VE takes all of them
+      from the host when the VM starts.
     type: list
     elements: str
-    default: ["0x03", "0x0403"]
+    default: []
 author: gpufleet
 """
 
@@ -36,7 +40,8 @@ RETURN = r"""
 node:
   description: >-
     cmdline (str), modules (loaded module names), iommu_groups (count), pci (bus id -> {class, vendor, driver,
-    iommu_group}), numa ({node: {cpus, hugepages: {size_kb: {total, free}}}}).
+    iommu_group, numa_node (-1: the firmware does not say; null: not readable)}), numa ({node: {cpus, hugepages:
+    {size_kb: {total, free}}}}).
   returned: always
   type: dict
 """
@@ -55,6 +60,13 @@ def _read(path: str) -> str | None:
         return None
 
 
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
 def node_facts(root: str, pci_classes: list[str]) -> dict:
     p = lambda *parts: os.path.join(root, *parts)  # noqa: E731
     # loaded modules and built-in ones (both have /sys/module/<name>), and /proc/modules for a tree without sysfs
@@ -66,7 +78,7 @@ def node_facts(root: str, pci_classes: list[str]) -> dict:
     devices = p("sys/bus/pci/devices")
     for dev in sorted(os.listdir(devices)) if os.path.isdir(devices) else []:
         cls = _read(os.path.join(devices, dev, "class")) or ""
-        if not any(cls.startswith(c) for c in pci_classes):
+        if pci_classes and not any(cls.startswith(c) for c in pci_classes):
             continue
         driver = os.path.join(devices, dev, "driver")
         group = os.path.join(devices, dev, "iommu_group")
@@ -75,6 +87,7 @@ def node_facts(root: str, pci_classes: list[str]) -> dict:
             "vendor": _read(os.path.join(devices, dev, "vendor")) or "",
             "driver": os.path.basename(os.readlink(driver)) if os.path.islink(driver) else "",
             "iommu_group": int(os.path.basename(os.readlink(group))) if os.path.islink(group) else -1,
+            "numa_node": _int(_read(os.path.join(devices, dev, "numa_node"))),
         }
     numa = {}
     nodes = p("sys/devices/system/node")
@@ -104,7 +117,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             root=dict(type="path", default="/"),
-            pci_classes=dict(type="list", elements="str", default=["0x03", "0x0403"]),
+            pci_classes=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )

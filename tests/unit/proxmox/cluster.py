@@ -92,6 +92,7 @@ def inventory(port: int) -> dict:
                             "proxmox_gpu_vm_node": "pve1",
                             "proxmox_gpu_vm_vmid": 201,
                             "proxmox_gpu_vm_model": "glm5",
+                            "proxmox_gpu_vm_numa_node": 0,  # 81:00 and 82:00 sit on socket 0
                             "proxmox_gpu_vm_gpus": [{"bus": "0000:81:00.0"}, {"bus": "0000:82:00.0"}],
                         },
                         "gpu-a2": {
@@ -99,6 +100,7 @@ def inventory(port: int) -> dict:
                             "proxmox_gpu_vm_node": "pve1",
                             "proxmox_gpu_vm_vmid": 202,
                             "proxmox_gpu_vm_model": "qwen3",
+                            "proxmox_gpu_vm_numa_node": 1,  # a1:00 and a2:00 sit on socket 1
                             "proxmox_gpu_vm_gpus": [{"bus": "0000:a1:00.0"}],
                         },
                         "gpu-b1": {

@@ -49,7 +49,7 @@ def _dev(bus: str, group: int, cls: str = "0x030000") -> dict:
 
 def test_pve_static_problems_name_the_variable_and_the_fix():
     assert rules.pve_static_problems([_spec()]) == []
-    (nonuma,) = rules.pve_static_problems([_spec(numa_node=None)])
+    (nonuma,) = rules.pve_static_problems([_spec(numa_node=None, gpus=[])])
     assert "proxmox_gpu_vm_numa_node is not set" in nonuma and "proxmox_gpu_vm_hugepages: ''" in nonuma
     (token,) = rules.pve_static_problems([_spec(auth="API token ops@pve!x", mmio64_mb=1024)])
     assert "proxmox_gpu_vm_gpus[0].bus 0000:81:00.0" in token and "proxmox_gpu_vm_mmio64_mb" in token

@@ -143,7 +143,7 @@ def test_three_vms_are_created_with_exactly_the_wanted_config(scenario):
             524288,
             clique=True,
         ),
-        202: expected(202, "gpu-a2", 0, {"hostpci0": "0000:a1:00.0,pcie=1"}, tags + "qwen3", 262144),
+        202: expected(202, "gpu-a2", 1, {"hostpci0": "0000:a1:00.0,pcie=1"}, tags + "qwen3", 262144),
         203: expected(
             203,
             "gpu-b1",

@@ -156,7 +156,7 @@ CASES = {
         "only root can set 'hugepages' config",
     ),
     "hugepages without NUMA": (
-        lambda sim: spec(numa_node=None),
+        lambda sim: spec(numa_node=None, gpus=[], mmio64_mb=0),  # a VM with GPUs: test_vm_settings.py
         "needs NUMA, but proxmox_gpu_vm_numa_node is not set",
         "numa needs to be enabled to use hugepages",
     ),
@@ -164,11 +164,6 @@ CASES = {
         lambda sim: [set_group(sim, "pve1", b, -1) for b in ("0000:81:00.0", "0000:81:00.1")] and spec(),
         "has no IOMMU group (iommugroup -1)",
         "cannot prepare PCI pass-through, IOMMU not present",
-    ),
-    "IOMMU group shared with the host's NIC": (
-        lambda sim: set_group(sim, "pve1", "0000:01:00.0", 40) or spec(),
-        "shares IOMMU group 40 with 0000:01:00.0",
-        "group 40 is not viable",
     ),
     "GPU of a running VM outside the play": (
         lambda sim: (
@@ -193,6 +188,17 @@ CASES = {
         "proxmox_gpu_vm_storage 'local-lvm' is not a shared storage of pve1",
         "can't clone to non-shared storage 'local-lvm'",
     ),
+    "the same GPU twice in one VM (bus ids)": (
+        lambda sim: spec(gpus=[{"bus": "0000:81:00.0"}, {"bus": "0000:82:00.0"}, {"bus": "0000:81:00"}]),
+        "gpu-a1: proxmox_gpu_vm_gpus[0] and proxmox_gpu_vm_gpus[2] name the same device 0000:81:00.0: Proxmox VE "
+        "refuses the start (\"device '0000:81:00.0' assigned more than once\"); list each GPU once",
+        "TASK ERROR: device '0000:81:00.0' assigned more than once",
+    ),
+    "the same GPU twice in one VM (a mapping and its bus id)": (
+        lambda sim: spec(node="pve2", vmid=203, storage="ceph-vm", gpus=[{"mapping": "rtxpro-b0"}, {"bus": "c1:00.0"}]),
+        "gpu-a1: proxmox_gpu_vm_gpus[0] and proxmox_gpu_vm_gpus[1] name the same device 0000:c1:00.0 on pve2",
+        "TASK ERROR: device '0000:c1:00.0' assigned more than once",
+    ),
     "name with '_'": (
         lambda sim: spec(name="gpu_a1"),
         "proxmox_gpu_vm_name 'gpu_a1' is not a DNS name",
@@ -210,3 +216,45 @@ CASES = {
 def test_role_and_pvesim_refuse_the_same_case(case):
     sim, s, pve_says = role_refuses_case(CASES[case], case_sim(), setup_gets_sim=True)
     assert pve_says in refused_by_pve(sim, s)
+
+
+def test_a_gpu_sharing_its_group_with_the_hosts_nic_is_refused_as_pvesim_would_take_the_nic():
+    """Proxmox VE does not refuse this one: its start binds the whole IOMMU group to vfio-pci (qemu-server
+    prepare_pci_device, pve-common pci_dev_group_bind_to_vfio) and the node loses its NIC. The role refuses it and
+    says so; the writes it would make go through in pvesim, which unbinds the NIC from mlx5_core."""
+    sim = case_sim()
+    set_group(sim, "pve1", "0000:01:00.0", 40)
+    says = (
+        "gpu-a1: proxmox_gpu_vm_gpus[0] (0000:81:00.0 on pve1) shares IOMMU group 40 with 0000:01:00.0 (class "
+        "0x020000, Mellanox Technologies), which the VM does not get: Proxmox VE binds every device of the group to "
+        "vfio-pci when the VM starts"
+    )
+    _, s, _ = role_refuses_case((spec, says, None), sim)
+    assert any("so the node would lose 0000:01:00.0 (its host driver is unbound" in p for p in role_problems(sim, s))
+    assert sim.nodes["pve1"]["drivers"]["0000:01:00.0"] == "mlx5_core"
+    assert refused_by_pve(sim, s) == ""  # started ...
+    assert sim.nodes["pve1"]["drivers"]["0000:01:00.0"] == "vfio-pci"  # ... with the node's NIC taken from it
+
+
+def test_an_offline_node_is_called_offline():
+    """GET /nodes lists a member that is down with status offline: the VM on it is refused as such (it used to say
+    'not a node of the cluster'), and so is a clone from a template node that is offline."""
+    sim = case_sim()
+    sim.nodes["pve2"]["status"] = "offline"
+    problems = role_problems(sim, spec(node="pve2", vmid=203, gpus=[{"mapping": "rtxpro-b0"}], storage="ceph-vm"))
+    assert any(
+        p.startswith("gpu-a1: proxmox_gpu_vm_node 'pve2' is a node of the cluster but offline (GET /nodes)")
+        and "bring pve2 back online" in p
+        for p in problems
+    ), problems
+    assert not any("not a node of the cluster" in p for p in problems)
+    sim.nodes["pve2"]["status"] = "online"
+    sim.nodes["pve1"]["status"] = "offline"  # the template's node
+    problems = role_problems(sim, spec(node="pve2", vmid=203, gpus=[{"mapping": "rtxpro-b0"}], storage="ceph-vm"))
+    assert any("proxmox_gpu_vm_template_node 'pve1' is offline (GET /nodes)" in p for p in problems), problems
+    problems = role_problems(sim, spec(node="pve7"))
+    assert any(
+        "proxmox_gpu_vm_node 'pve7' is not a node of the cluster (GET /nodes: pve1 offline, pve2 online)" in p
+        for p in problems
+    ), problems
+    assert sim.writes == []

@@ -20,7 +20,7 @@ def test_inventory_only_mistakes_are_refused_before_any_api_call(runner: Runner)
     h["gpu-b1"]["proxmox_gpu_vm_machine"] = "pc-i440fx-8.1"  # pcie=1 without q35
     h["gpu-a1"]["proxmox_gpu_vm_memory_mib"] = 1536  # 1 GiB pages
     h["gpu-a2"]["proxmox_gpu_vm_name"] = "gpu_a2"  # no DNS name
-    h["gpu-b1"]["proxmox_gpu_vm_numa_node"] = None  # hugepages without NUMA: the start would fail
+    h["gpu-b1"].pop("proxmox_gpu_vm_numa_node")  # the role's default: no NUMA node is known for its GPUs
     h["gpu-b1"]["proxmox_gpu_vm_extra_tags"] = ["team/infra"]
     # and token auth: QEMU args (the OVMF MMIO window), hugepages and raw bus ids are root@pam's only
     token = {"PROXMOX_PASSWORD": "", "PROXMOX_TOKEN_ID": "gpufleet", "PROXMOX_TOKEN_SECRET": TOKEN_SECRET}
@@ -34,7 +34,10 @@ def test_inventory_only_mistakes_are_refused_before_any_api_call(runner: Runner)
     assert "gpu-a1: proxmox_gpu_vm_hugepages 1024 (MiB pages) does not fit proxmox_gpu_vm_memory_mib 1536" in out
     assert "gpu_a2: proxmox_gpu_vm_name 'gpu_a2' is not a DNS name" in out
     assert "gpu-b1: tag 'team/infra' (from proxmox_gpu_vm_gpu_class, " in out
-    assert "gpu-b1: proxmox_gpu_vm_hugepages '1024' needs NUMA, but proxmox_gpu_vm_numa_node is not set" in out
+    assert (
+        "gpu-b1: no host NUMA node is known for proxmox_gpu_vm_gpus[0] (mapping rtxpro-b0), proxmox_gpu_vm_gpus[1] "
+        "(mapping rtxpro-b1) on pve2: proxmox_gpu_vm_numa_node is not set and the GPU has no numa_node." in out
+    )
     root_only = "Proxmox VE accepts these settings only from root@pam (not from an API token or another user; now: "
     assert f"gpu-a1: {root_only}API token root@pam!gpufleet): proxmox_gpu_vm_gpus[0].bus 0000:81:00.0 " in out
     assert "proxmox_gpu_vm_gpus[1].bus 0000:82:00.0 (a raw bus id" in out
@@ -70,7 +73,8 @@ def test_cluster_mistakes_are_refused_before_any_write(runner: Runner):
 
 def test_what_proxmox_ve_refuses_is_refused_before_any_write(runner: Runner):
     """IOMMU groups, a GPU another VM has, a clone to another node without shared storage: each would fail (in
-    pvesim as in PVE) after the role wrote something; the role refuses them first."""
+    pvesim as in PVE) after the role wrote something, or (a group shared with the host's NIC) take the NIC from the
+    node at the start; the role refuses them first."""
     sim, h = runner.server.sim, runner.hosts()
     pve1 = sim.nodes["pve1"]["pci"]
     next(d for d in pve1 if d["id"] == "0000:01:00.0")["iommugroup"] = 42  # the host's NIC joins gpu-a2's group

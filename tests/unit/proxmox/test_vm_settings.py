@@ -52,7 +52,7 @@ def token_put(sim: PveSim, **params) -> str:
 # ---- NUMA per socket, affinity, keephugepages ---------------------------------------------------------------
 
 
-def test_gpus_on_two_sockets_get_a_guest_numa_node_each_pinned_to_their_cpus():
+def test_gpus_on_two_sockets_get_a_guest_numa_node_each_and_no_affinity_that_pins_nothing():
     sim = contract.case_sim()
     s = dual_socket()
     assert contract.role_problems(sim, s) == []
@@ -61,9 +61,23 @@ def test_gpus_on_two_sockets_get_a_guest_numa_node_each_pinned_to_their_cpus():
     assert conf["numa"] == "1"
     assert conf["numa0"] == "cpus=0-15,hostnodes=0,memory=131072,policy=bind"
     assert conf["numa1"] == "cpus=16-31,hostnodes=1,memory=131072,policy=bind"
-    assert conf["affinity"] == "0-127"  # both nodes' CPUs: 0-31,64-95 + 32-63,96-127
+    # both nodes' CPUs (0-31,64-95 + 32-63,96-127) are the whole host: taskset --all-tasks 0-127 pins nothing, and
+    # PVE's one affinity for all of QEMU's threads cannot keep guest node 0's vCPUs on host node 0
+    assert "affinity" not in conf
     assert conf["keephugepages"] == "1" and conf["hugepages"] == "1024"
     assert sim.vms[201]["status"] == "running"
+    note = pgv.affinity_note(s)
+    assert note.startswith("gpu-a1: the GPUs sit on host NUMA nodes 0, 1. Proxmox VE's affinity is one CPU set")
+    assert "No affinity is set: the CPUs of nodes 0, 1 are every CPU of proxmox_gpu_vm_host_numa_cpus" in note
+    assert "give each socket's GPUs a VM of their own" in note
+
+
+def test_a_vm_on_two_of_four_host_nodes_is_kept_off_the_other_two_and_told_so():
+    four = {0: "0-15", 1: "16-31", 2: "32-47", 3: "48-63"}  # e.g. two sockets of NPS2
+    s = dual_socket(host_numa_cpus=four)
+    assert pgv.desired_config(s)["affinity"] == "0-31"
+    assert "affinity is 0-31, the CPUs of nodes 0, 1 together" in pgv.affinity_note(s)
+    assert pgv.affinity_note(dual_socket(gpus=[{"bus": "0000:81:00.0"}])) == ""  # one node: pinned to it, no note
 
 
 def test_gpus_on_one_socket_bind_and_pin_to_that_socket():
@@ -82,6 +96,29 @@ def test_the_gpus_own_numa_nodes_are_enough_for_hugepages():
     assert stored(sim)["numa0"] == "cpus=0-31,hostnodes=1,memory=262144,policy=bind"
 
 
+def test_a_gpu_without_a_numa_node_is_refused_before_any_write():
+    """The API does not say on which socket a GPU sits: a GPU VM that names no NUMA node is refused (the role's
+    default used to be node 0, which bound the VM of a socket-1 GPU to socket 0 without a word)."""
+    sim = contract.case_sim()
+    s = contract.spec(numa_node=None, hugepages="", gpus=[{"bus": "0000:a1:00.0"}])
+    problems = contract.role_problems(sim, s)
+    assert any(
+        "gpu-a1: no host NUMA node is known for proxmox_gpu_vm_gpus[0] (0000:a1:00.0) on pve1: "
+        "proxmox_gpu_vm_numa_node is not set"
+        in p
+        and "set proxmox_gpu_vm_numa_node (all GPUs of the VM) or proxmox_gpu_vm_gpus[i].numa_node" in p
+        and "cat /sys/bus/pci/devices/<bus id>/numa_node on pve1" in p
+        for p in problems
+    ), problems
+    assert sim.writes == []
+    # what the role would have written: Proxmox VE takes it, the VM unbound (nothing tells where the GPU is)
+    assert contract.refused_by_pve(sim, s) == "" and "numa0" not in stored(sim)
+    # one GPU with its own node and one without: the one without is named
+    s = contract.spec(numa_node=None, gpus=[{"bus": "0000:a1:00.0", "numa_node": 1}, {"mapping": "rtxpro-b0"}])
+    (p,) = [p for p in pgv.static_problems([s]) if "no host NUMA node" in p]
+    assert "proxmox_gpu_vm_gpus[1] (mapping rtxpro-b0)" in p and "proxmox_gpu_vm_gpus[0]" not in p
+
+
 def test_without_host_cpu_lists_only_memory_is_bound():
     s = contract.spec(host_numa_cpus={}, cpu_affinity=True)
     conf = pgv.desired_config(s)
@@ -91,11 +128,11 @@ def test_without_host_cpu_lists_only_memory_is_bound():
 def test_going_back_to_one_socket_deletes_numa1_and_affinity():
     two = pgv.desired_config(dual_socket())
     one = pgv.desired_config(dual_socket(gpus=[{"bus": "0000:81:00.0"}, {"bus": "0000:a1:00.0"}], host_numa_cpus={}))
-    diff = pgv.config_diff(one, two | {"efidisk0": "x"}, "local-lvm")
-    assert diff["delete"] == ["numa1", "affinity"]
+    diff = pgv.config_diff(one, two | {"efidisk0": "x", "affinity": "0-127"}, "local-lvm")
+    assert diff["delete"] == ["numa1", "affinity"]  # an affinity over the whole host (written before) goes too
     assert diff["set"] == {"numa0": "cpus=0-31,hostnodes=0,memory=262144,policy=bind"}
     params = pgv.kvm_params(pgv.desired_config(dual_socket()), pgv.config_diff(two, {}, "s"), "s")
-    assert params["extra"] == {"affinity": "0-127", "keephugepages": 1}
+    assert params["extra"] == {"keephugepages": 1}
     assert sorted(params["numa"]) == ["numa0", "numa1"]
 
 
@@ -328,7 +365,10 @@ def test_playbook_writes_the_settings_and_a_second_run_writes_nothing(tmp_path):
         conf = stored(server.sim)
         assert conf["numa0"] == "cpus=0-7,hostnodes=0,memory=65536,policy=bind"
         assert conf["numa1"] == "cpus=8-15,hostnodes=1,memory=65536,policy=bind"
-        assert conf["affinity"] == "0-127" and conf["keephugepages"] == "1"
+        assert "affinity" not in conf and conf["keephugepages"] == "1"  # both sockets: a set that pins nothing
+        assert "affinity is one CPU set for all of QEMU" in " ".join(first.stdout.split())  # the run says why
+        report = json.loads((r.reports / "gpu-a1.json").read_text())
+        assert "No affinity is set: the CPUs of nodes 0, 1" in report["affinity_note"]
         assert conf["hostpci0"] == "0000:81:00.0,pcie=1,rombar=0"
         assert conf["hostpci1"] == "0000:a1:00.0,pcie=1,romfile=gb202.rom"
         assert conf["args"] == "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=524288"  # 2 x 128 GiB x 2

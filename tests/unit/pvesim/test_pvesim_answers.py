@@ -58,6 +58,7 @@ def test_every_simulator_answer_matches_the_schema(version, tmp_path):
             "/cluster/resources?type=vm",
             "/cluster/resources",
             "/cluster/mapping/pci",
+            "/access/permissions?path=/vms/401",
             "/nodes/pve1/hardware/pci",
             "/nodes/pve1/storage",
             "/nodes/pve1/qemu",

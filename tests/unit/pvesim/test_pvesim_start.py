@@ -1,4 +1,5 @@
 """Starting a VM in pvesim fails where qemu-server's vm_start (and QEMU's vfio) fail; the task carries the message.
+What a start does to the host (the IOMMU group bound to vfio-pci) is kept in the node's `drivers`.
 
 See lab/pvesim/vmstart.py for each rule's source. The VM stays stopped and its pending changes stay pending.
 """
@@ -40,13 +41,29 @@ def test_no_iommu_fails_the_start(root, sim):
     assert task["exitstatus"] == "cannot prepare PCI pass-through, IOMMU not present"
 
 
-def test_gpu_sharing_its_iommu_group_with_a_host_nic_fails_in_qemu(root, sim):
+def test_gpu_sharing_its_iommu_group_with_a_host_nic_takes_the_nic_from_the_host(root, sim):
+    """prepare_pci_device binds every device of the group to vfio-pci (pci_dev_group_bind_to_vfio): the start
+    succeeds, and the node's NIC is unbound from mlx5_core."""
+    assert sim.nodes["pve1"]["drivers"]["0000:86:00.0"] == "mlx5_core"
     root("PUT", CONFIG, hostpci0="0000:85:00.0,pcie=1", **GPU_CONF)
+    assert start(root)["exitstatus"] == "OK"
+    assert sim.nodes["pve1"]["drivers"]["0000:86:00.0"] == "vfio-pci"
+    assert sim.nodes["pve1"]["drivers"].get("0000:00:00.0") is None  # the host bridge (group 0) is not touched
+
+
+def test_driver_keep_rebinds_nothing_and_qemu_refuses_the_group(root, sim):
+    """9.1's driver=keep skips the binding: QEMU's vfio refuses the group the NIC's driver still holds."""
+    if sim.schema.release == "8.4":  # no driver= in 8.4's hostpci format
+        e = root.error("PUT", CONFIG, hostpci0="0000:85:00.0,pcie=1,driver=keep", **GPU_CONF)
+        assert "invalid key in comma-separated list property: driver" in str(e.errors)
+        return
+    root("PUT", CONFIG, hostpci0="0000:85:00.0,pcie=1,driver=keep", **GPU_CONF)
     task = start(root)
     assert task["exitstatus"] == "start failed: QEMU exited with code 1"
     log = [line["t"] for line in root("GET", f"/nodes/pve1/tasks/{root('POST', START)}/log")]
     assert "vfio 0000:85:00.0: group 50 is not viable" in log[0]
     assert log[1] == "Please ensure all devices within the iommu_group are bound to their vfio bus driver."
+    assert sim.nodes["pve1"]["drivers"]["0000:86:00.0"] == "mlx5_core"
 
 
 def test_gpu_with_its_own_functions_in_the_group_starts(root, sim):
