@@ -5,20 +5,38 @@ Alertmanager's API within a stated bound and resolve after the repair; every das
 from this real Prometheus.
 
 Two simulated servers (mon-01, mon-02; mon-02's engine registers its GPU memory as leaking, the simulator's
-leak-gpu-memory fault, which shows only once the engine dies) and one gateway (smg + the monitor). Faults, all at once
-(each on its own host or layer, so the alerts do not hide one another):
+leak-gpu-memory fault, which shows only once the engine dies) and one gateway (smg + the monitor). The faults come in
+two rounds; within a round each is on its own host or layer, so the alerts do not hide one another.
+
+Round 1, all at once:
 
 * mon-01: ``kill -9`` of the engine's main process (systemd restarts it) -> GpufleetEngineRestarting;
 * mon-01: the engine starts answering wrong after a healthy start (the simulator's runtime fault file,
   ``wrong-answer``) -> GpufleetGenerationProbeFailing; repair: the file emptied;
-* mon-02: ``kill -9`` of the engine: its leaked GPU memory stays held with no process -> GpufleetGpuForeignMemory;
-  repair: the engine stopped, ``nvidia-smi --gpu-reset``, the engine started;
+* mon-01: one uncorrected ECC error on GPU 0 (gpusim's ``ecc_uncorrected_volatile``, what nvidia-smi counts after a
+  double-bit error) -> GpufleetGpuEccUncorrected; repair: the profile as it was (a GPU reset zeroes the volatile count);
+* mon-02: ``kill -9`` of the engine: its leaked GPU memory stays held with no process -> GpufleetGpuForeignMemory, and
+  the restart finds no room for its weights -> GpufleetEngineDown; repair: the engine stopped,
+  ``nvidia-smi --gpu-reset``, the engine started;
 * mon-02's worker removed from the router -> GpufleetRouterWorkerMissing; repair: playbooks/router.yml;
 * the gateway's node exporter stopped -> GpufleetNodeExporterDown; repair: started (on the gateway: mon-02's GPU
-  metrics come through its own node exporter, which must keep answering for the leak to be seen).
+  metrics come through its own node exporter, which must keep answering for the leak to be seen);
+* the monitor's rendered thresholds file loses the lab class's TTFT threshold (a file out of step with the fleet)
+  -> GpufleetThresholdMissing, whose ``for:`` is 5 minutes: waited for in round 2; repair: playbooks/monitoring.yml.
 
-GpufleetEngineRestarting counts restarts over 15 minutes: it resolves 15 minutes after the last one, longer than a
-test waits (its resolution is proven by the promtool unit tests, tests/unit/fleet_monitor).
+Round 2 (the gateway's own states one after the other, the GPU faults meanwhile):
+
+* the gateway: ``kill -9`` of smg (systemd restarts it) -> GpufleetRouterRestarting; then smg stopped ->
+  GpufleetRouterDown; repair: started (its launcher re-adds the recorded workers);
+* mon-01: nvidia-smi fails (gpusim's ``failure``: the driver does not answer) -> GpufleetGpuCollectorFailing;
+* mon-02: the GPU metrics timer stopped -> GpufleetGpuMetricsStale;
+* the gateway: every worker removed from smg while clients keep calling it -> GpufleetRouterNoHealthyWorkers,
+  GpufleetRouterWorkersBelowBudget (no router lists a healthy worker) and GpufleetRouterErrorRate (smg answers errors);
+  repair: playbooks/router.yml, the clients go on.
+
+GpufleetEngineRestarting, GpufleetRouterRestarting and GpufleetGpuEccUncorrected count over 15 minutes: they resolve
+15 minutes after the fault, longer than a test waits (their resolution is proven by the promtool unit tests,
+tests/unit/fleet_monitor). The rules no lab fault drives, and why: docs/observability.md, "Alerts".
 """
 
 from __future__ import annotations
@@ -28,7 +46,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -58,16 +78,32 @@ GROUP_VARS = (
     }
     | yaml.safe_load((ROOT / "inventory/lab/group_vars/gpufleet_lab/fleet_monitor.yml").read_text())
 )
-# How long each alert may take to fire after its fault (its `for:` + scrapes and evaluations every 5 s + the timer of
-# the GPU metrics + Alertmanager's group_wait of 10 s), and to resolve after the repair.
+PROFILE = "/etc/gpusim/profile/profile.json"  # the simulated GPUs of a lab host (lab/gpusim/README.md)
+THRESHOLDS = "/etc/prometheus/rules/gpufleet-thresholds.yml"  # rendered by fleet_monitor from the inventory
+# How long each alert may take to fire after its fault: its `for:` (and what it must see first) + 45 s: scrapes and
+# evaluations every 5 s, the GPU metrics timer, Alertmanager's group_wait of 10 s, a machine shared with other work.
+# The alerts without a `for:` (counts over 15 minutes) fire at the first evaluation that sees the count move: 60 s.
 BOUND_FIRE_S = {
     "GpufleetEngineRestarting": 60,
+    "GpufleetEngineDown": 60 + 45,
     "GpufleetGenerationProbeFailing": 60 + 45,
     "GpufleetGpuForeignMemory": 60 + 45,
+    "GpufleetGpuEccUncorrected": 60,
     "GpufleetRouterWorkerMissing": 60 + 45,
     "GpufleetNodeExporterDown": 60 + 45,
+    "GpufleetThresholdMissing": 300 + 45,
+    "GpufleetRouterRestarting": 60,
+    "GpufleetRouterDown": 30 + 45,
+    "GpufleetGpuCollectorFailing": 60 + 45,
+    "GpufleetGpuMetricsStale": 60 + 60 + 45,  # the last run must be 60 s old first
+    "GpufleetRouterNoHealthyWorkers": 30 + 45,
+    "GpufleetRouterWorkersBelowBudget": 30 + 45,
+    "GpufleetRouterErrorRate": 60 + 10 + 45,  # the 2m rate needs two scrapes that saw errors first
 }
-BOUND_RESOLVE_S = 90
+# ... and to resolve after its repair: the next scrapes and evaluation, 90 s; the error rate is over 2 minutes, so
+# the errors leave it 2 minutes after the last one.
+BOUND_RESOLVE_S = {"GpufleetRouterErrorRate": 120 + 60}
+BOUND_RESOLVE_DEFAULT_S = 90
 
 
 def on(host: dict, script: str, check: bool = True) -> str:
@@ -211,16 +247,23 @@ def test_a_second_run_changes_nothing(fleet):
     assert recap and all("changed=0" in line for line in recap), recap
 
 
-def wait_for(fleet, wanted: dict, present: bool, bound_s: dict | float) -> dict:
-    """Seconds until each (alertname, instance) of ``wanted`` is active (present) or gone; fails at its bound."""
-    start, seen = time.monotonic(), {}
+def wait_for(fleet, wanted: dict, present: bool, bound_s: dict | float, since: dict | None = None) -> dict:
+    """Seconds from each key's start (``since``, monotonic times; default: now) until each (alertname, instance) of
+    ``wanted`` is active in Alertmanager (present) or gone; fails once one passes its bound (per alert name)."""
+    called, seen = time.monotonic(), {}
+    since = {key: (since or {}).get(key, called) for key in wanted}
+
+    def bound(key):
+        if isinstance(bound_s, dict):
+            return bound_s.get(key[0], BOUND_RESOLVE_DEFAULT_S) if not present else bound_s[key[0]]
+        return bound_s
+
     while len(seen) < len(wanted):
-        now = firing(fleet)
+        now, t = firing(fleet), time.monotonic()
         for key in wanted:
             if key not in seen and ((key in now) == present):
-                seen[key] = round(time.monotonic() - start, 1)
-        late = [k for k in wanted if k not in seen
-                and time.monotonic() - start > (bound_s[k[0]] if isinstance(bound_s, dict) else bound_s)]  # fmt: skip
+                seen[key] = round(t - since[key], 1)
+        late = [k for k in wanted if k not in seen and t - since[k] > bound(k)]
         assert not late, f"{'not firing' if present else 'still firing'} within the bound: {late}; active: {now}"
         time.sleep(2)
     return seen
@@ -232,41 +275,183 @@ def router_workers(fleet) -> list[dict]:
     return json.loads(out)["workers"]
 
 
-def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
-    h1, h2 = fleet["hosts"]["mon-01"], fleet["hosts"]["mon-02"]
-    assert not {a for a in firing(fleet) if a[0].startswith("Gpufleet")}, firing(fleet)  # a quiet fleet first
-    # the faults
-    on(h1, "kill -9 $(systemctl show -p MainPID --value sglang-server.service)")
-    on(h1, f"echo wrong-answer > {FAULT_FILE}")
-    on(h2, "kill -9 $(systemctl show -p MainPID --value sglang-server.service)")
-    worker = next(w for w in router_workers(fleet) if h2["address"] in w["url"])
+def remove_worker(fleet, worker: dict) -> None:
     on(fleet["hosts"][GATEWAY], f"curl -sf -m 10 -X DELETE -H 'Authorization: Bearer {ROUTER_KEY}' "
                                 f"http://127.0.0.1:30000/workers/{worker['id']}")  # fmt: skip
-    gw = fleet["hosts"][GATEWAY]
+
+
+def wait_for_router(fleet, healthy: int, bound_s: float = 60) -> None:
+    """Until smg answers on the gateway and lists ``healthy`` healthy workers (after a start: its health checks)."""
+    deadline, workers = time.monotonic() + bound_s, None
+    while time.monotonic() < deadline:
+        try:
+            workers = router_workers(fleet)
+        except (AssertionError, ValueError, KeyError):  # not answering yet
+            workers = None
+        if workers is not None and sum(1 for w in workers if w.get("is_healthy")) == healthy:
+            return
+        time.sleep(1)
+    raise AssertionError(f"smg does not list {healthy} healthy worker(s) within {bound_s} s: {workers}")
+
+
+def gpusim_profile(host: dict, change: str | None) -> None:
+    """Change a host's simulated GPUs: a Python statement on its gpusim profile ``p`` (lab/gpusim/README.md), written
+    atomically (nvidia-smi reads it at every call); None puts the profile back as the lab tool installed it."""
+    if change is None:
+        on(host, f"cp {PROFILE}.orig {PROFILE}.tmp && mv {PROFILE}.tmp {PROFILE}")
+        return
+    code = f"import json; p = json.load(open('{PROFILE}')); {change}; open('{PROFILE}.tmp', 'w').write(json.dumps(p))"
+    on(host, f'[ -e {PROFILE}.orig ] || cp {PROFILE} {PROFILE}.orig; python3 -c "{code}" && mv {PROFILE}.tmp {PROFILE}')
+
+
+class Clients(threading.Thread):
+    """Clients of the gateway: a short chat completion every 2 s (0.5 requests/s, over the error-rate alert's floor
+    of 0.05), each answer's HTTP status kept with its time (0: no answer)."""
+
+    def __init__(self, fleet):
+        super().__init__(daemon=True)
+        self.url = f"http://{fleet['hosts'][GATEWAY]['address']}:30000/v1/chat/completions"
+        self.answers: list[tuple[float, int]] = []
+        self.done = threading.Event()
+
+    def run(self):
+        body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content": "Say hello."}],
+                           "max_tokens": 8, "chat_template_kwargs": {"enable_thinking": False}}).encode()  # fmt: skip
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+        while not self.done.is_set():
+            try:
+                with urllib.request.urlopen(urllib.request.Request(self.url, body, headers), timeout=30) as resp:
+                    resp.read()
+                    status = resp.status
+            except urllib.error.HTTPError as err:
+                status = err.code
+            except OSError:
+                status = 0
+            self.answers.append((time.monotonic(), status))
+            self.done.wait(2)
+
+
+def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
+    h1, h2, gw = fleet["hosts"]["mon-01"], fleet["hosts"]["mon-02"], fleet["hosts"][GATEWAY]
+    assert not {a for a in firing(fleet) if a[0].startswith("Gpufleet")}, firing(fleet)  # a quiet fleet first
+    faults, fired, resolved, planted, repaired_at = {}, {}, {}, {}, {}
+
+    def plant(keys: dict) -> None:
+        faults.update(keys)
+        planted.update(dict.fromkeys(keys, time.monotonic()))
+
+    def repaired(*keys) -> None:
+        repaired_at.update(dict.fromkeys(keys, time.monotonic()))
+
+    # round 1: the faults
+    restarting, probe, ecc = (("GpufleetEngineRestarting", "mon-01"), ("GpufleetGenerationProbeFailing", "mon-01"),
+                              ("GpufleetGpuEccUncorrected", "mon-01"))  # fmt: skip
+    foreign, down = ("GpufleetGpuForeignMemory", "mon-02"), ("GpufleetEngineDown", "mon-02")
+    missing, node = ("GpufleetRouterWorkerMissing", GATEWAY), ("GpufleetNodeExporterDown", GATEWAY)
+    thresholds = ("GpufleetThresholdMissing", "")
+    on(gw, f"sed -i '/record: gpufleet:ttft_p99_threshold_seconds/,+2d' {THRESHOLDS}; "
+           "systemctl reload prometheus.service")  # fmt: skip
+    assert "gpufleet:ttft_p99_threshold_seconds" not in on(gw, f"cat {THRESHOLDS}")
+    plant({thresholds: "the monitor's thresholds file without the lab class's TTFT threshold"})
+    on(h1, "kill -9 $(systemctl show -p MainPID --value sglang-server.service)")
+    on(h1, f"echo wrong-answer > {FAULT_FILE}")
+    gpusim_profile(h1, "p['gpus'][0]['ecc_uncorrected_volatile'] = 1")
+    on(h2, "kill -9 $(systemctl show -p MainPID --value sglang-server.service)")
+    remove_worker(fleet, next(w for w in router_workers(fleet) if h2["address"] in w["url"]))
     on(gw, "systemctl stop prometheus-node-exporter.service")
-    wanted = {
-        ("GpufleetEngineRestarting", "mon-01"): "kill -9 of mon-01's engine",
-        ("GpufleetGenerationProbeFailing", "mon-01"): "mon-01 answers wrong",
-        ("GpufleetGpuForeignMemory", "mon-02"): "mon-02's engine killed, its leaked GPU memory held",
-        ("GpufleetRouterWorkerMissing", GATEWAY): "mon-02 removed from the router",
-        ("GpufleetNodeExporterDown", GATEWAY): "the gateway's node exporter stopped",
+    round1 = {
+        restarting: "kill -9 of mon-01's engine",
+        probe: "mon-01 answers wrong",
+        ecc: "an uncorrected ECC error on mon-01's GPU 0",
+        foreign: "mon-02's engine killed, its leaked GPU memory held",
+        down: "mon-02's engine killed, no GPU memory left for its restart",
+        missing: "mon-02 removed from the router",
+        node: "the gateway's node exporter stopped",
     }
-    fired = wait_for(fleet, wanted, True, BOUND_FIRE_S)
-    # the repairs
+    plant(round1)
+    fired |= wait_for(fleet, round1, True, BOUND_FIRE_S, planted)
+    # round 1: the repairs
     on(h1, f": > {FAULT_FILE}")
+    gpusim_profile(h1, None)
     on(gw, "systemctl start prometheus-node-exporter.service")
+    repaired(probe, node)
+    resolved |= wait_for(fleet, {probe: "", node: ""}, False, BOUND_RESOLVE_S, repaired_at)
     on(h2, "systemctl stop sglang-server.service; nvidia-smi --gpu-reset -i 0,1,2,3,4,5,6,7 >/dev/null; "
            "systemctl reset-failed sglang-server.service; systemctl start sglang-server.service")  # fmt: skip
     deadline = time.monotonic() + 120
     while health(h2["address"]) != 200 and time.monotonic() < deadline:
         time.sleep(1)
+    repaired(foreign, down)
     rc, out = playbook(fleet, "playbooks/router.yml")
     assert rc == 0, out[-4000:]
-    repaired = {k: v for k, v in wanted.items() if k[0] != "GpufleetEngineRestarting"}
-    resolved = wait_for(fleet, repaired, False, BOUND_RESOLVE_S)
+    repaired(missing)
+    resolved |= wait_for(fleet, {foreign: "", down: "", missing: ""}, False, BOUND_RESOLVE_S, repaired_at)
+
+    # round 2: smg killed (systemd restarts it), then stopped; the GPU faults meanwhile
+    router_restarting, router_down = ("GpufleetRouterRestarting", GATEWAY), ("GpufleetRouterDown", GATEWAY)
+    collector, stale = ("GpufleetGpuCollectorFailing", "mon-01"), ("GpufleetGpuMetricsStale", "mon-02")
+    restarts = int(on(gw, "systemctl show -p NRestarts --value smg-router.service").strip())
+    on(gw, "kill -9 $(systemctl show -p MainPID --value smg-router.service)")
+    plant({router_restarting: "kill -9 of smg"})
+    gpusim_profile(h1, "p['failure'] = {'rc': 9}")  # nvidia-smi: couldn't communicate with the NVIDIA driver
+    on(h2, "systemctl stop gpufleet-gpu-metrics.timer")
+    plant({collector: "nvidia-smi fails on mon-01 (the driver does not answer)",
+           stale: "mon-02's GPU metrics timer stopped"})  # fmt: skip
+    wait_for_router(fleet, healthy=2)
+    assert int(on(gw, "systemctl show -p NRestarts --value smg-router.service").strip()) > restarts
+    # seen before smg is stopped: a stop and a manual start are not restarts, and may reset systemd's count
+    fired |= wait_for(fleet, {router_restarting: ""}, True, BOUND_FIRE_S, planted)
+    on(gw, "systemctl stop smg-router.service")
+    plant({router_down: "smg stopped"})
+    fired |= wait_for(fleet, {router_down: ""}, True, BOUND_FIRE_S, planted)
+    on(gw, "systemctl start smg-router.service")
+    repaired(router_down)
+    wait_for_router(fleet, healthy=2)
+    # smg down also left no router with a healthy worker (the worker-count alerts without an instance): all gone
+    # before the gateway's next fault raises them again
+    every_router = {("GpufleetRouterWorkersBelowBudget", ""): "", ("GpufleetRouterWorkerMissing", ""): ""}
+    resolved |= wait_for(fleet, {router_down: "", **every_router}, False, BOUND_RESOLVE_S, repaired_at)
+
+    # round 2: every worker removed from smg while clients call the gateway
+    no_healthy, errors = ("GpufleetRouterNoHealthyWorkers", GATEWAY), ("GpufleetRouterErrorRate", GATEWAY)
+    budget, missing_all = every_router
+    for worker in router_workers(fleet):
+        remove_worker(fleet, worker)
+    clients = Clients(fleet)
+    clients.start()
+    try:
+        removed = "every worker removed from smg"
+        plant({no_healthy: removed, budget: removed, missing_all: removed, errors: "clients of a gateway, no worker"})
+        fired |= wait_for(fleet, {k: faults[k] for k in (no_healthy, budget, missing_all, errors, collector, stale,
+                                                         thresholds)}, True, BOUND_FIRE_S, planted)  # fmt: skip
+        # round 2: the repairs (the clients go on)
+        gpusim_profile(h1, None)
+        on(h2, "systemctl start gpufleet-gpu-metrics.timer")
+        repaired(collector, stale)
+        resolved |= wait_for(fleet, {collector: "", stale: ""}, False, BOUND_RESOLVE_S, repaired_at)
+        router_yml = time.monotonic()
+        rc, out = playbook(fleet, "playbooks/router.yml")
+        assert rc == 0, out[-4000:]
+        repaired(no_healthy, budget, missing_all, errors)
+        resolved |= wait_for(fleet, {no_healthy: "", budget: "", missing_all: ""}, False, BOUND_RESOLVE_S, repaired_at)
+        rc, out = playbook(fleet, "playbooks/monitoring.yml")  # renders the thresholds file again
+        assert rc == 0, out[-4000:]
+        repaired(thresholds)
+        resolved |= wait_for(fleet, {errors: "", thresholds: ""}, False, BOUND_RESOLVE_S, repaired_at)
+    finally:
+        clients.done.set()
+        clients.join(timeout=60)
+    # the clients got errors from the gateway without workers, then answers
+    during = [s for t, s in clients.answers if t < router_yml]
+    after = [s for t, s in clients.answers if t > repaired_at[errors]]
+    assert during and all(s >= 400 for s in during), clients.answers
+    assert after and all(s == 200 for s in after), clients.answers
+
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    measured = {f"{a} {i}": {"fault": wanted[(a, i)], "fired_after_s": fired[(a, i)],
-                              "resolved_after_repair_s": resolved.get((a, i))} for a, i in wanted}  # fmt: skip
+    measured = {f"{a} {i}".strip(): {"fault": faults[(a, i)], "fired_after_s": fired[(a, i)],
+                                     "resolved_after_repair_s": resolved.get((a, i))}
+                for a, i in faults}  # fmt: skip
+    measured["clients"] = {"statuses_before_repair": sorted(set(during)), "requests": len(clients.answers)}
     (ARTIFACTS / "monitoring-faults.json").write_text(json.dumps(measured, indent=1))
     print("alerts:", json.dumps(measured))
     # the dashboards' queries on the repaired fleet (GpufleetEngineRestarting still fires: the firing-alerts panels)
@@ -337,7 +522,7 @@ def test_a_deploy_whose_engine_resolves_against_the_policy_is_rolled_back(fleet)
     assert rc != 0, flat[-3000:]
     assert "the engine resolved kv_cache_dtype='fp8_e4m3' where sglang_server_resolved_policy needs 'bfloat16'" in flat
     report = json.loads((fleet["work"] / "reports/deploy/mon-01.json").read_text())
-    assert report["result"] == "rolled_back", report["result"]
+    assert report["result"] == "rolled_back", (report["result"], flat[-6000:])
     assert report["resolved_policy"] == {"kv_cache_dtype": "bfloat16"}
     assert on(h1, "sha256sum /etc/systemd/system/sglang-server.service") == before  # the last good unit
     assert health(h1["address"]) == 200
