@@ -106,6 +106,7 @@ def test_deploy_through_ansible_runner_as_automation_platform_runs_it(lab_hosts,
 
     hosts = lab_hosts["hosts"]
     before = {h: unit_state(hosts[h]) for h in SERVERS}
+    (tmp_path / "runner").mkdir()  # the job's private data folder (artifacts, its env), as the platform makes it
     run = ansible_runner.run(
         private_data_dir=str(tmp_path / "runner"),
         project_dir=str(ROOT),
