@@ -585,6 +585,10 @@ def test_a_gateway_stopped_in_the_middle_of_a_rollout_ends_it_with_a_true_accoun
     # the stopped gateway comes back with its record: every healthy worker, the canary included
     everyone = sorted(f"http://{fleet[h]['address']}:8000" for h in SERVERS)
     assert json.loads(on(down, f"cat {RECORD}")) == {"workers": everyone}
+    # the record as node-exporter's textfile metrics (written by systemd's path unit when the record changes): what
+    # GpufleetRouterRecordDrift compares with smg's own list
+    metrics = "/var/lib/prometheus/node-exporter/gpufleet_router_record.prom"
+    assert f"gpufleet_router_recorded_workers {len(SERVERS)}" in on(down, f"cat {metrics}")
     on(down, "systemctl start smg-router")
     deadline = time.monotonic() + 120
     while True:
