@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils.filter_errors import as_filter_error
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.filter_errors import as_filter_error
 
 # The seed machine's proven NCCL set (8x RTX PRO 6000 in a KVM guest, P2P "NS"): see docs/gpu-facts.md.
 SEED_NO_P2P_ENV = {
