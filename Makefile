@@ -126,6 +126,7 @@ lint: promtool
 	python tools/check_cited_results.py
 	$(PROMTOOL) check rules roles/fleet_monitor/files/rules/*.yml
 	python tools/ansible_test_sanity.py
+	python tools/execution_environment.py
 
 unit:
 	pytest tests/unit --durations=30
