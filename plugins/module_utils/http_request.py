@@ -1,7 +1,8 @@
-"""The modules' one way to open a URL: ansible-core's ``module_utils.urls`` (its proxy and certificate handling),
-set up to behave as urllib's default opener did here before: no ``.netrc`` credentials, no gzip decoding (a
-mirror's byte counts stay the server's), and one TLS context per process (``open_url`` builds a new one for every
-request, reading the system's CA files each time, which a polling loop would pay at every poll)."""
+"""The modules' one way to open a URL: ansible-core's ``module_utils.urls``, set up as urllib's default opener was.
+
+ansible-core's proxy and certificate handling, and what urllib's opener did here before: no ``.netrc`` credentials,
+no gzip decoding (a mirror's byte counts stay the server's), and one TLS context per process (``open_url`` builds a
+new one for every request, reading the system's CA files each time, which a polling loop would pay at every poll)."""
 
 from __future__ import annotations
 
