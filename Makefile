@@ -24,7 +24,7 @@ SCENARIO ?=
 MOLECULE_JOBS ?=
 LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --routers $(ROUTERS) --monitors $(MONITORS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
 
-.PHONY: promtool router-wheelhouse real-engine help setup apt venv collections bench-client bench deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-prune lab-tests lab-tests-1 lab-tests-2 molecule bench-lab real-kernel proxmox-demo
+.PHONY: promtool sanity-venvs router-wheelhouse real-engine help setup apt venv collections bench-client bench deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-prune lab-tests lab-tests-1 lab-tests-2 molecule bench-lab real-kernel proxmox-demo
 
 help:
 	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
@@ -37,7 +37,7 @@ help:
 	@echo "make proxmox-demo  provision two GPU VMs on a simulated Proxmox VE (lab/pvesim) and read the inventory back"
 	@echo "make bench         performance suite: no-op deploy (ansible.cfg vs defaults vs Mitogen), restart, env build"
 
-setup: apt venv collections bench-client promtool
+setup: apt venv collections bench-client promtool sanity-venvs
 
 apt:
 	@if ! command -v systemd-nspawn >/dev/null || ! command -v mmdebstrap >/dev/null || ! command -v iptables >/dev/null \
@@ -69,6 +69,11 @@ bench-client: venv
 PROMTOOL ?= $(CURDIR)/.cache/promtool/bin/promtool
 promtool:
 	@python3 tools/promtool.py --check
+
+# ansible-test sanity's own virtual environments (pylint, yamllint, voluptuous, ... as ansible-test pins them, from
+# PyPI), made once into .cache/ansible-test so that `make lint` installs nothing (tools/ansible_test_sanity.py).
+sanity-venvs: venv collections
+	.venv/bin/python tools/ansible_test_sanity.py --prime-venvs >/dev/null
 
 deploy: setup lab-up lab-cuda-mirror lab-testhub lab-wheelhouse router-wheelhouse
 	ansible-playbook deploy.yml
@@ -120,6 +125,8 @@ lint: promtool
 	ansible-lint --profile production
 	python tools/check_cited_results.py
 	$(PROMTOOL) check rules roles/fleet_monitor/files/rules/*.yml
+	python tools/ansible_test_sanity.py
+	python tools/execution_environment.py
 
 unit:
 	pytest tests/unit --durations=30

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Build the lab wheelhouse and (re)write the ml-env locks of gpufleet.
 
 Each lock is a directory ``locks/<name>/`` with ``requirements.in`` (what we ask for), ``lock.yml``
@@ -230,7 +229,7 @@ def target_tags(python_version: str, python_platform: str) -> list:
     from packaging import tags
 
     major, minor = (int(x) for x in python_version.split(".")[:2])
-    arch, _, plat = python_platform.partition("-")
+    arch, _sep, plat = python_platform.partition("-")
     if not plat.startswith("manylinux_2_"):
         raise SystemExit(f"unsupported python_platform {python_platform} (expected <arch>-manylinux_2_<N>)")
     glibc = int(plat.removeprefix("manylinux_2_"))
@@ -254,7 +253,7 @@ def choose_wheel(files: list[dict], name: str, version: str, hashes: set[str], r
         if not fname.endswith(".whl") or entry.get("hashes", {}).get("sha256") not in hashes:
             continue
         try:
-            wname, wversion, _, wtags = parse_wheel_filename(fname)
+            wname, wversion, _unused, wtags = parse_wheel_filename(fname)
         except InvalidWheelFilename:
             continue
         if canonicalize_name(wname) != canonicalize_name(name) or str(wversion) != str(version):
@@ -341,13 +340,13 @@ def cmd_wheelhouse_production(args) -> int:
         "python_platform": meta["python_platform"],
         "wheels": [
             {"file": path.name, "size": path.stat().st_size, "sha256": entry["hashes"]["sha256"]}
-            for (path, _), entry in zip(results, chosen, strict=True)
+            for (path, _unused), entry in zip(results, chosen, strict=True)
         ],
         "uv_wheel": uv.name,
     }
     manifest["total_bytes"] = sum(w["size"] for w in manifest["wheels"]) + uv.stat().st_size
     manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
-    fetched = sum(1 for _, new in results if new)
+    fetched = sum(1 for _unused, new in results if new)
     print(
         f"{out}: {len(results)} wheels of lock {args.name} + uv ({manifest['total_bytes'] / 2**30:.2f} GiB), "
         f"{fetched} downloaded now, {len(results) - fetched} already there"

@@ -187,7 +187,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        _, args = self.validate_argument_spec(
+        _unused, args = self.validate_argument_spec(
             argument_spec={
                 "jid": {"type": "str", "required": True},
                 "job_file": {"type": "str"},

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils.filter_errors import as_filter_error
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.filter_errors import as_filter_error
 
 # What to do about each GPU holder, in words: one implementation, the server role's stop uses it on the host
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_holders import holders_remedy

@@ -165,7 +165,7 @@ def kernel_tag(cuda_version, archs, torch_version=None, python_version=None) -> 
     """Wheelhouse sub-directory for kernels: ``cu12.8-torch2.9.1-cp312-sm120`` (parts absent when unknown)."""
     parts = [f"cu{cuda_version}"]
     if torch_version:
-        parts.append(f"torch{str(torch_version).split('+')[0]}")
+        parts.append(f"torch{str(torch_version).split('+', maxsplit=1)[0]}")
     if python_version:
         parts.append("cp" + str(python_version).replace(".", ""))
     if isinstance(archs, str):
@@ -217,7 +217,7 @@ def _dist_name_version(filename: str):
     base = str(filename).rsplit("/", 1)[-1]
     for suffix in (".tar.gz", ".zip"):
         if base.endswith(suffix):
-            name, _, version = base[: -len(suffix)].rpartition("-")
+            name, _sep, version = base[: -len(suffix)].rpartition("-")
             return (normalize_name(name), version) if name else None
     return None
 

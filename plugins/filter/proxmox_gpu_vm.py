@@ -85,16 +85,16 @@ def bar_gib(gpu_class) -> int | None:
     return None if gb is None else 2 ** math.ceil(math.log2(gb * 10**9 / 2**30))
 
 
-def mmio64_mb(gpu_count, bar) -> int | None:
-    """OVMF's 64-bit MMIO window (MiB) for `gpu_count` GPUs of `bar` GiB: twice their sum (room for the other
-    devices and the alignment of each BAR to its size), rounded up to a power of two; 0 without GPUs; None when
+def mmio64_mb(gpu_count, bar_size_gib) -> int | None:
+    """OVMF's 64-bit MMIO window (MiB) for `gpu_count` GPUs of `bar_size_gib` GiB: twice their sum (room for the
+    other devices and the alignment of each BAR to its size), rounded up to a power of two; 0 without GPUs; None when
     the BAR size is unknown."""
     n = int(gpu_count or 0)
     if n == 0:
         return 0
-    if bar in (None, ""):
+    if bar_size_gib in (None, ""):
         return None
-    need = n * int(bar) * 1024 * 2
+    need = n * int(bar_size_gib) * 1024 * 2
     return 2 ** math.ceil(math.log2(need)) if need > 0 else 0
 
 
@@ -623,7 +623,7 @@ def start_timeout(desired: dict, margin: int = 60) -> int:
     """Seconds a start of this configuration may take: qemu-server's config_aware_timeout (QemuServer/Helpers.pm,
     9.1.19 41ffc59e :264-300, 8.4.10 5ccd363e :201-237) plus `margin`: 30 s, or the memory in GiB above 30 GiB,
     times 4 with any hostpciN, at least 150 s with hugepages, plus 5 s per NIC (netN of the template)."""
-    memory = int(str(desired.get("memory", 0)).split(",")[0].replace("current=", "") or 0)
+    memory = int(str(desired.get("memory", 0)).split(",", maxsplit=1)[0].replace("current=", "") or 0)
     timeout = int(memory / 1024) if memory > 30720 else 30
     if any(HOSTPCI_RE.match(k) for k in desired):
         timeout *= 4
@@ -661,7 +661,7 @@ def clique_verdict(nccl: dict | None, baseline_gbps: float | None, min_gain: flo
             else (f"wrong sums at {wrong} MiB" if wrong else "no bandwidth for the derived environment")
         )
         return {"keep": False, "reason": f"the all-reduce did not complete with the clique: {why}"}
-    largest = max(derived, key=lambda k: float(k))
+    largest = max(derived, key=float)
     busbw = float(derived[largest] or 0)
     if baseline_gbps in (None, "") or float(baseline_gbps) <= 0:
         return {

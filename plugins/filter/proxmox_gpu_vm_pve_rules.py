@@ -119,7 +119,7 @@ def _devices(path: str | None, pci: list[dict]) -> list[dict]:
 def _hostpci_devices(value: str, node: str, mappings: dict, pci: list[dict]) -> list[dict]:
     opts = {}
     for part in str(value).split(","):
-        k, _, v = part.partition("=")
+        k, _sep, v = part.partition("=")
         opts.update({k: v} if v else {"host": k})
     if opts.get("mapping"):
         alts = _mapping_alternatives(mappings, opts["mapping"], node)
@@ -129,7 +129,7 @@ def _hostpci_devices(value: str, node: str, mappings: dict, pci: list[dict]) -> 
 
 def _iommu_problems(vm: str, node: str, gpus: list[tuple[int, list[dict]]], pci: list[dict]) -> list[str]:
     problems = []
-    mine = {d["id"] for _, devs in gpus for d in devs}
+    mine = {d["id"] for _unused, devs in gpus for d in devs}
     for i, devs in gpus:
         seen = set()
         for d in devs:

@@ -208,8 +208,8 @@ def _display_groups(facts: dict) -> set[int]:
 def proxmox_node_summary(node: str, api_pci: list | None, facts: dict | None) -> dict:
     """What the check read, for the report (no secret in it)."""
     gpus = sorted(d["id"] for d in api_pci or [] if str(d.get("class", "")).startswith("0x03"))
-    out = {"node": node, "gpus": gpus, "iommu_groups_by_api": {d["id"]: d.get("iommugroup") for d in api_pci or []
-                                                            if d["id"] in gpus}}  # fmt: skip
+    groups = {d["id"]: d.get("iommugroup") for d in api_pci or [] if d["id"] in gpus}
+    out = {"node": node, "gpus": gpus, "iommu_groups_by_api": groups}
     if facts is not None:
         out.update(
             cmdline=facts.get("cmdline", ""),

@@ -33,7 +33,7 @@ def unit_config(unit_text: str) -> dict:
             argv = shlex.split(line[len("ExecStart=") :])
         elif line.startswith("Environment="):
             for item in shlex.split(line[len("Environment=") :]):
-                key, _, value = item.partition("=")
+                key, _sep, value = item.partition("=")
                 env[key] = value
     release = next((a.rsplit("/bin/", 1)[0] for a in argv if "/bin/python" in a), "")
     return {"argv": argv, "environment": env, "release": release}

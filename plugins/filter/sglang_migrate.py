@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils.filter_errors import as_filter_error
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_flag_migration import (
     MigrationError,
     engine_lane,
     migrate_flags,
     migrate_layers,
 )
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.filter_errors import as_filter_error
 
 
 def sglang_migrate_lane(lock, locks_dir=None, variable="ml_env_lock") -> dict:

@@ -9,11 +9,11 @@ import difflib
 import json
 import re
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils.filter_errors import as_filter_error
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_args_table import load_table, table_version
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_help import help_options
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_resolved_policy import rule_problem
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_journal import journal_match
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.filter_errors import as_filter_error
 
 SECRET_OPTIONS = {"--api-key": "sglang_server_api_key", "--admin-api-key": "sglang_server_api_key"}
 # Options that are the engine's own business in the role (the role adds them itself).

@@ -26,12 +26,11 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.nvidia_smi_parse im
     parse_smi_header,
     parse_topo_matrix,
 )
-from ansible_collections.gpufleet.fleet.plugins.module_utils.procfs import (  # noqa: F401  (redact_cmdline: API)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.procfs import (
     pid_alive,
     pid_cmdline,
     pid_unit,
     pid_user,
-    redact_cmdline,
     user_name,
 )
 

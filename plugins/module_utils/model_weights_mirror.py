@@ -7,9 +7,10 @@ import os
 import shutil
 import time
 import urllib.error
-import urllib.request
+import urllib.parse
 from pathlib import Path
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.http_request import open_url
 from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import (
     MANIFEST,
     MANIFEST_FORMAT,
@@ -24,8 +25,8 @@ class MirrorSource:
     """Stager methods for ``source: http`` and ``source: path`` (mixed into Stager)."""
 
     def _open(self, url: str, headers: dict | None = None):
-        req = urllib.request.Request(url, headers={**(self.p.get("headers") or {}), **(headers or {})})
-        return urllib.request.urlopen(req, timeout=int(self.p.get("timeout") or 60))  # noqa: S310 - http(s) only
+        sent = {**(self.p.get("headers") or {}), **(headers or {})}
+        return open_url(url, headers=sent, timeout=int(self.p.get("timeout") or 60))
 
     def _manifest_files(self, manifest: dict, where: str) -> tuple[str, dict[str, dict]]:
         if manifest.get("format") != MANIFEST_FORMAT or not isinstance(manifest.get("files"), list):
@@ -75,7 +76,7 @@ class MirrorSource:
             return
 
         def fetch_one(name: str, force: bool) -> None:
-            self._http_fetch(f"{base}/{urllib.request.quote(name)}", name, files[name]["size"], force)
+            self._http_fetch(f"{base}/{urllib.parse.quote(name)}", name, files[name]["size"], force)
 
         if bad:
             verified.update(self._fetch_all(files, bad, fetch_one))

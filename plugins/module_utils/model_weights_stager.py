@@ -10,17 +10,15 @@ import os
 import threading
 from pathlib import Path
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import (  # noqa: F401  (the module's and tests' API)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import (
     HF_META_DIR,
     MANIFEST,
     MANIFEST_FORMAT,
     STATE,
     StageError,
-    filter_paths,
     free_space,
     hash_file,
     human,
-    is_commit,
     read_json,
     write_json,
 )

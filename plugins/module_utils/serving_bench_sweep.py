@@ -27,7 +27,7 @@ def run(argv: list[str], log_path: str) -> int:
             if isinstance(exc.code, int):
                 rc = exc.code
             elif exc.code is not None:
-                print(exc.code)
+                log.write(f"{exc.code}\n")  # as the interpreter prints a SystemExit's message (stderr is the log)
                 rc = 1
         except BaseException:  # noqa: BLE001 - like the interpreter: print the traceback, exit 1
             traceback.print_exc()

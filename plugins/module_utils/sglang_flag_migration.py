@@ -337,7 +337,7 @@ def _forward(rule: dict, flags: dict, changes: list, held: list, context: dict) 
             changes.append({"option": old, "from": {key: value}, "to": {key: flags[key]}, **note})
         return
     items = list(flags.items())
-    at = [k for k, _ in items].index(key)
+    at = [k for k, _unused in items].index(key)
     if value in _OMITTED:  # not rendered: only its spelling moves (or it goes), no change to report
         moved = {_spell(rule["to"], key): value} if kind == "rename" else {}
         flags.clear()
@@ -366,7 +366,7 @@ def _forward(rule: dict, flags: dict, changes: list, held: list, context: dict) 
         if new is not None and dp_key:
             changes.append({"option": _opt(dp_key), "from": {dp_key: flags[dp_key]}, "to": {}, **note})
             items = [(k, v) for k, v in items if k != dp_key]
-            at = [k for k, _ in items].index(key)
+            at = [k for k, _unused in items].index(key)
     else:  # a rule of a kind this code does not know is a bug in RULES
         raise MigrationError(f"migration rule for {old} has an unknown kind {kind!r}")
     if new is None:  # a value this rule cannot carry (a switch given something other than true)
@@ -390,7 +390,7 @@ def _backward(rule: dict, flags: dict, changes: list, held: list, context: dict)
         return
     items = list(flags.items())
     if kind in ("rename", "dp_attention"):
-        key = next((k for k, _ in items if _opt(k) == rule["to"]), None)
+        key = next((k for k, _unused in items if _opt(k) == rule["to"]), None)
         if key is None:
             return
         value = flags[key]
@@ -400,17 +400,17 @@ def _backward(rule: dict, flags: dict, changes: list, held: list, context: dict)
             new = {}
         else:
             new = {_spell("--dp-size", key): value, _spell(old, key): True}
-        at = [k for k, _ in items].index(key)
+        at = [k for k, _unused in items].index(key)
         keep = items
     else:  # switch_to: every target option with exactly its value becomes the switch again
-        keys = {o: next((k for k, _ in items if _opt(k) == o), None) for o in rule["to"]}
+        keys = {o: next((k for k, _unused in items if _opt(k) == o), None) for o in rule["to"]}
         if any(keys[o] is None or str(flags[keys[o]]) != str(v) for o, v in rule["to"].items()):
             return
         key = next(iter(keys.values()))
         value = {k: flags[k] for k in keys.values()}
         new = {_spell(old, key): True}
         keep = [(k, v) for k, v in items if k not in keys.values() or k == key]
-        at = [k for k, _ in keep].index(key)
+        at = [k for k, _unused in keep].index(key)
     flags.clear()
     flags.update(keep[:at] + list(new.items()) + keep[at + 1 :])
     changes.append({"option": rule["to"] if isinstance(rule["to"], str) else old,

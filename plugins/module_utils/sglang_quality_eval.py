@@ -33,10 +33,11 @@ EVAL_OPTIONS = {
     "api_key": {"type": "str", "default": "", "no_log": True},
     "secrets_file": {"type": "path", "default": ""},
     "eval_set": {"type": "dict", "required": True},
-    "max_tokens": {"type": "int", "default": 32},
+    # no_log False: token counts and the comparison key, not secrets ("token", "key" in a name look like one)
+    "max_tokens": {"type": "int", "default": 32, "no_log": False},
     "thinking": {"type": "bool", "default": False},
     "reasoning_parser": {"type": "str", "default": ""},
-    "reasoning_max_tokens": {"type": "int", "default": 1024},
+    "reasoning_max_tokens": {"type": "int", "default": 1024, "no_log": False},
     "concurrency": {"type": "int", "default": 8},
     "timeout": {"type": "float", "default": 120.0},
     "unit": {"type": "str", "default": ""},
@@ -44,7 +45,7 @@ EVAL_OPTIONS = {
     "baseline": {"type": "dict", "default": {}},
     "allowed_drop": {"type": "float", "default": 0.05},
     "worst": {"type": "int", "default": 5},
-    "key": {"type": "dict", "default": {}},
+    "key": {"type": "dict", "default": {}, "no_log": False},
     "host": {"type": "str", "default": ""},
 }
 
@@ -116,7 +117,7 @@ def normalise(text) -> str:
     s = lines[0] if lines else ""
     s = s.replace("**", "").replace("__", "").replace("`", "")
     s = _PREFIX.sub("", s).strip()
-    s = s.strip("\"'“”‘’ ")
+    s = s.strip("\"'\u201c\u201d\u2018\u2019 ")  # ASCII and typographic quotes
     s = re.sub(r"\s+", " ", s)
     s = s.rstrip(".!").strip()
     return s.lower()

@@ -28,7 +28,7 @@ def engine_load(base_url, headers=None, timeout=5, http_get=None):
     ``{"in_flight", "running", "waiting", "source"}``; ``in_flight`` None with ``error`` when neither answers."""
     get = http_get or (lambda url: http("GET", url, headers=headers, timeout=timeout))
     errors = []
-    status, body, _ = get(base_url.rstrip("/") + "/v1/loads?include=core")
+    status, body, _unused = get(base_url.rstrip("/") + "/v1/loads?include=core")
     if status == 200:
         try:
             agg = json.loads(body)["aggregate"]
@@ -38,7 +38,7 @@ def engine_load(base_url, headers=None, timeout=5, http_get=None):
             errors.append(f"/v1/loads: unexpected answer ({exc})")
     else:
         errors.append(f"/v1/loads: HTTP {status} {body.strip()[:120]}")
-    status, body, _ = get(base_url.rstrip("/") + "/metrics")
+    status, body, _unused = get(base_url.rstrip("/") + "/metrics")
     if status == 200:
         running = _metric_sum(body, "sglang:num_running_reqs")
         waiting = _metric_sum(body, "sglang:num_queue_reqs")
@@ -64,8 +64,8 @@ def drain_account(in_flight_at_stop, entries, stop_state, was_active=True):
     systemd killed it (Result=timeout: "State 'stop-sigterm' timed out. Killing.") or when it ended without
     finishing the drain; every request in flight when the engine ended without draining at all (SIGTERM
     before its drain handler existed, SGL_FORCE_SHUTDOWN, a failed health check)."""
-    remaining = [int(m.group(1)) for _, msg in entries for m in [DRAIN_RX.search(msg or "")] if m]
-    forced = any(FORCED_RX.search(msg or "") for _, msg in entries)
+    remaining = [int(m.group(1)) for _unused, msg in entries for m in [DRAIN_RX.search(msg or "")] if m]
+    forced = any(FORCED_RX.search(msg or "") for _unused, msg in entries)
     result = stop_state.get("result", "")
     account = {
         "in_flight_at_stop": in_flight_at_stop,

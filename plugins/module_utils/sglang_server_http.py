@@ -1,6 +1,6 @@
 """HTTP calls of the sglang_server modules to the SGLang server (and the fleet router): ``http`` gives
 ``(status, body_text, seconds)``, status 0 when there is no HTTP answer.
-Standard library only; unit-tested with fakes.
+Through ansible-core's module_utils.urls (``http_request.open_url``); unit-tested against a local server.
 """
 
 from __future__ import annotations
@@ -8,23 +8,21 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
-import urllib.request
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.http_request import open_url
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import read_env_file
 
 
 def http(method, url, body=None, headers=None, timeout=30):
     """``(status, body_text, seconds)``; status 0 with the error text when there is no HTTP answer."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method)
-    req.add_header("Accept", "application/json")
+    sent = {"Accept": "application/json"}
     if data is not None:
-        req.add_header("Content-Type", "application/json")
-    for key, value in (headers or {}).items():
-        req.add_header(key, value)
+        sent["Content-Type"] = "application/json"
+    sent.update(headers or {})
     started = time.monotonic()
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with open_url(url, data=data, headers=sent, method=method, timeout=timeout) as resp:
             text = resp.read().decode("utf-8", "replace")
             return resp.status, text, time.monotonic() - started
     except urllib.error.HTTPError as exc:

@@ -27,8 +27,9 @@ SMOKE_OPTIONS = {
     "secrets_file": {"type": "path", "default": ""},
     "prompts": {"type": "list", "elements": "dict", "required": True},
     "reasoning_parser": {"type": "str", "default": ""},
-    "reasoning_max_tokens": {"type": "int", "default": 1024},
-    "min_tokens_per_s": {"type": "float", "default": 0.0},
+    # no_log False: token counts, not secrets ("token" in a name looks like one)
+    "reasoning_max_tokens": {"type": "int", "default": 1024, "no_log": False},
+    "min_tokens_per_s": {"type": "float", "default": 0.0, "no_log": False},
     "timeout": {"type": "float", "default": 180.0},
     "garbage_patterns": {"type": "list", "elements": "str", "default": []},
     "unit": {"type": "str", "default": ""},

@@ -6,6 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: controller_report
 short_description: Write a JSON report on the controller (action plugin, no module run)
+author: gpufleet maintainers (!UNKNOWN)
 description:
   - Writes O(data) as JSON (indent 4, sorted keys, as to_nice_json) to O(path) and to each path of O(also), on the
     controller, whatever host the task runs for. Folders are created (mode 0755); each file is written through a
@@ -30,10 +31,7 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-path: {type: str, description: The report file.}
-also: {type: list, description: The other files written with the same content.}
-changed: {type: bool, description: Whether any file's content changed.}
+path: {type: str, returned: always, description: The report file.}
+also: {type: list, elements: str, returned: always, description: The other files written with the same content.}
+changed: {type: bool, returned: always, description: Whether any file's content changed.}
 """
-
-if __name__ == "__main__":
-    raise SystemExit("controller_report is an action plugin: it runs on the controller")

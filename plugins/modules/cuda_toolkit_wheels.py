@@ -19,7 +19,7 @@ description:
     install leaves the old tree as it was. Other directories (other toolkit versions) are never touched.
   - Supports check mode.
 version_added: "1.0.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   dest:
     description: The toolkit directory to create, e.g. C(/usr/local/cuda-13.0).
@@ -91,15 +91,15 @@ files:
   type: int
 """
 
-import hashlib  # noqa: E402 - Ansible modules put the docs first
-import json  # noqa: E402 - Ansible modules put the docs first
-import os  # noqa: E402 - Ansible modules put the docs first
-import re  # noqa: E402 - Ansible modules put the docs first
-import shutil  # noqa: E402 - Ansible modules put the docs first
-import tempfile  # noqa: E402 - Ansible modules put the docs first
-import zipfile  # noqa: E402 - Ansible modules put the docs first
-from html.parser import HTMLParser  # noqa: E402 - Ansible modules put the docs first
-from urllib.parse import unquote, urljoin, urlparse  # noqa: E402 - Ansible modules put the docs first
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import zipfile
+from html.parser import HTMLParser
+from urllib.parse import unquote, urljoin, urlparse
 
 try:
     from ansible.module_utils.basic import AnsibleModule
@@ -134,7 +134,7 @@ def parse_links(html, base_url):
     parser.feed(html)
     links = []
     for href in parser.hrefs:
-        url, _, fragment = urljoin(base_url, href).partition("#")
+        url, _sep, fragment = urljoin(base_url, href).partition("#")
         name = unquote(url.rsplit("/", 1)[-1])
         digest = fragment[len("sha256=") :] if fragment.startswith("sha256=") else None
         links.append((name, url, digest))
@@ -218,7 +218,7 @@ def fix_layout(dest):
             if link and not os.path.lexists(link):
                 os.symlink(soname, link)
                 made.append(f"lib/{match.group(1)}.so")
-    for root, dirs, _ in os.walk(dest):
+    for root, dirs, _unused in os.walk(dest):
         for d in dirs:
             os.chmod(os.path.join(root, d), 0o755)
     os.chmod(dest, 0o755)
@@ -328,11 +328,11 @@ def install(module, params):
     os.makedirs(parent, mode=0o755, exist_ok=True)
     staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(dest)}.new-")
     try:
-        files = extract_tree([path for _, path in fetched], staging, params["tree_prefix"])
+        files = extract_tree([path for _unused, path in fetched], staging, params["tree_prefix"])
         if not files:
             raise WheelError(f"the wheels hold no files under {params['tree_prefix']}/: wrong tree_prefix?")
         links = fix_layout(staging)
-        record = {"wheels": [info for info, _ in fetched], "files": files + links}
+        record = {"wheels": [info for info, _unused in fetched], "files": files + links}
         with open(os.path.join(staging, MANIFEST), "w") as fh:
             json.dump(record, fh, indent=2, sort_keys=True)
         os.chmod(os.path.join(staging, MANIFEST), 0o644)

@@ -4,13 +4,10 @@ path a run: the server stage's six directories cost six module runs, a new Pytho
 
 from __future__ import annotations
 
-import os
-
-from ansible.module_utils.basic import AnsibleModule
-
 DOCUMENTATION = r"""
 module: directories
 short_description: Make sure several directories exist with their owner, group and mode, in one run
+author: gpufleet maintainers (!UNKNOWN)
 description:
   - For each entry, creates the directory (and missing parents, as C(ansible.builtin.file) with
     I(state=directory) does) and sets its owner, group and mode with Ansible's own attribute helpers,
@@ -26,7 +23,7 @@ options:
       path: {type: path, required: true, description: The directory.}
       owner: {type: str, description: User that owns it (name or uid); unchanged when omitted.}
       group: {type: str, description: Its group (name or gid); unchanged when omitted.}
-      mode: {type: raw, description: Its mode, such as C("0750") (a string, as for ansible.builtin.file).}
+      mode: {type: raw, description: 'Its mode, such as C("0750") (a string, as for ansible.builtin.file).'}
 """
 
 EXAMPLES = r"""
@@ -45,6 +42,11 @@ changed_paths:
   description: The directories created or whose owner, group or mode changed (would change, in check mode).
   returned: always
 """
+
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
 
 
 def ensure(module: AnsibleModule, entry: dict) -> bool:

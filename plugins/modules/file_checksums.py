@@ -4,13 +4,10 @@ candidate unit and secrets file with the installed ones cost four module runs, a
 
 from __future__ import annotations
 
-import os
-
-from ansible.module_utils.basic import AnsibleModule
-
 DOCUMENTATION = r"""
 module: file_checksums
 short_description: SHA-256 of several files on the managed host in one run
+author: gpufleet maintainers (!UNKNOWN)
 description:
   - Reads each path with Ansible's own digest (the sha256 C(ansible.builtin.stat) reports with
     I(checksum_algorithm=sha256)) and returns the sums in the order of I(paths).
@@ -49,6 +46,11 @@ files:
   description: The same sums by path.
   returned: always
 """
+
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
 
 
 def checksums(module: AnsibleModule, paths: list[str]) -> list[str]:

@@ -4,15 +4,10 @@ its owner and age when another run finds it, broken only when asked."""
 
 from __future__ import annotations
 
-import json
-import os
-import time
-
-from ansible.module_utils.basic import AnsibleModule
-
 DOCUMENTATION = r"""
 module: fleet_lock
 short_description: Take, release or read a run lock file on the managed host
+author: gpufleet maintainers (!UNKNOWN)
 description:
   - The lock lives on the managed host (a gateway or server host), so every controller (laptops, AWX)
     sees the same lock. It is created with O_CREAT|O_EXCL, which is atomic on the host's filesystem.
@@ -27,7 +22,7 @@ options:
     default: query
     description: Wanted state; free checks that no other run holds the lock (fails like acquired) and writes nothing.
   run_id: {type: str, default: "", description: Identity of this run (required for acquired and released).}
-  owner: {type: dict, default: {}, description: Who holds the lock (user, controller, pid, playbook, ...).}
+  owner: {type: dict, default: {}, description: "Who holds the lock (user, controller, pid, playbook, ...)."}
   stale_after_s: {type: int, default: 7200, description: Age after which a held lock is reported as stale.}
   break_lock: {type: bool, default: false, description: Replace a lock held by another run.}
 """
@@ -51,10 +46,17 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-lock: {type: dict, description: The lock's content after the call (empty when there is none).}
-broken: {type: dict, description: The lock that was broken (break_lock), else empty.}
-age_s: {type: float, description: Age of the lock found, in seconds.}
+lock: {type: dict, returned: always, description: The lock's content after the call (empty when there is none).}
+broken: {type: dict, returned: always, description: "The lock that was broken (break_lock), else empty."}
+age_s: {type: float, returned: always, description: "Age of the lock found, in seconds."}
 """
+
+
+import json
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
 
 
 def read(path: str) -> dict:

@@ -3,23 +3,10 @@
 
 from __future__ import annotations
 
-import http.client as http_client
-import json
-import os
-import time
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import write_json
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_http import http
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_systemd import unit_state
-
 DOCUMENTATION = r"""
 module: fleet_router_workers
 short_description: Add, remove or list the workers of a Shepherd Model Gateway (smg) router
+author: gpufleet maintainers (!UNKNOWN)
 description:
   - Talks to the router's worker-management API (smg 1.13.0 C(GET|POST /workers), C(DELETE /workers/<uuid>))
     with a control-plane key (an C(Authorization) header with C(Bearer <key>)).
@@ -34,7 +21,8 @@ description:
   - The workers' C(/health) and C(/v1/loads) are read concurrently (SGLang's C(/health) runs a one-token
     generation and answers after at least a second), so a batch of workers costs the time of one.
   - Run it on the gateway host (the router API is reached on I(api_url), usually 127.0.0.1).
-  - With I(workers_file), the gateway's record of the workers that should be in the router is kept beside it;
+  - >-
+    With I(workers_file), the gateway's record of the workers that should be in the router is kept beside it;
     every worker removed here leaves the record before its C(DELETE), every worker healthy in the router after a
     C(present) joins it. When the router's API does not answer, the record still takes the intent (C(absent) drops
     the URLs, C(present) adds those whose C(/health) answers 200 with I(health_timeout)) and the module fails saying
@@ -43,7 +31,7 @@ description:
     Ansible, and a worker a rollout took out stays out.
 options:
   api_url: {type: str, default: "http://127.0.0.1:30000", description: Router base URL.}
-  api_key: {type: str, required: true, no_log: true, description: Control-plane key (admin role).}
+  api_key: {type: str, required: true, description: Control-plane key (admin role).}
   state:
     type: str
     choices: [present, absent, query]
@@ -52,11 +40,10 @@ options:
       present adds I(urls) and waits until healthy; absent removes them and waits until the router routes
       nothing more to them (gone from its list, or listed as draining).
   urls: {type: list, elements: str, default: [], description: Worker URLs (http://host:port).}
-  exclusive: {type: bool, default: false, description: With present, remove every other worker.}
+  exclusive: {type: bool, default: false, description: "With present, remove every other worker."}
   worker_api_key:
     type: str
     default: ""
-    no_log: true
     description:
       - >-
         The servers' API key, sent with each C(POST /workers) (smg 1.13.0's C(api_key) of a worker, crates/protocols
@@ -165,31 +152,70 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-workers: {type: list, description: The router's workers at the end (id, url, model_id, is_healthy, status).}
-added: {type: list, description: URLs added.}
-removed: {type: list, description: URLs removed (with their worker id).}
-draining: {type: list, description: With absent, the removed URLs the router still lists as draining at the end.}
-in_router: {type: bool, description: With present, every URL is healthy in the router (false when the module failed).}
-in_router_urls: {type: list, description: With present, the URLs asked for that are healthy in the router at the end.}
+workers:
+  type: list
+  elements: dict
+  returned: always
+  description: The router's workers at the end (C(id), C(url), C(model_id), C(is_healthy), C(status)).
+added: {type: list, elements: str, returned: always, description: URLs added.}
+removed:
+  type: list
+  elements: dict
+  returned: always
+  description: The workers removed (C(url) and C(id)).
+draining:
+  type: list
+  elements: str
+  returned: when state is present or absent, not in check mode
+  description: With absent, the removed URLs the router still lists as draining at the end.
+in_router:
+  type: bool
+  returned: when state is present or absent, not in check mode
+  description: With present, every URL is healthy in the router (false when the module failed).
+in_router_urls:
+  type: list
+  elements: str
+  returned: when state is present or absent, not in check mode
+  description: With present, the URLs asked for that are healthy in the router at the end.
 left_out:
   type: dict
+  returned: when state is present or absent, not in check mode
   description: With leave_out_unhealthy, the URLs not added because their /health was not 200 (URL -> status, 0 none).
 router_invocation:
   type: str
+  returned: always
   description: With service, the unit's systemd InvocationID (empty when systemd does not know the unit).
 router_unavailable_s:
   type: float
+  returned: always
   description: Seconds this run waited for a router that did not listen (a restart under way).
 recorded:
   type: list
+  elements: str
+  returned: always
   description: With workers_file, the URLs the record holds at the end (the workers a router restart comes back with).
 drain:
   type: dict
+  returned: when state is present or absent, not in check mode
   description:
     - With absent and drain_timeout, per URL removed - in_flight_at_removal (running requests just before the
       DELETE, null when unreadable), waited_s, in_flight_left (null when the worker stopped answering), timed_out.
 """
 
+
+import http.client as http_client
+import json
+import os
+import time
+import urllib.error
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.http_request import open_url
+from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import write_json
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_http import http
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_systemd import unit_state
 
 # The status smg 1.13.0 lists a worker with from its DELETE until its removal (openai_protocol WorkerStatus::Draining,
 # serialized lowercase; seen in the lab's GET /workers right after a DELETE).
@@ -255,12 +281,11 @@ class Router:
 
     def _call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method)
-        req.add_header("Authorization", f"Bearer {self.key}")
+        headers = {"Authorization": f"Bearer {self.key}"}
         if data is not None:
-            req.add_header("Content-Type", "application/json")
+            headers["Content-Type"] = "application/json"
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with open_url(self.base + path, data=data, headers=headers, method=method, timeout=self.timeout) as resp:
                 raw = resp.read()
                 return resp.status, json.loads(raw) if raw else {}
         except urllib.error.HTTPError as exc:
@@ -391,7 +416,8 @@ def main() -> None:
         keep = [u for u in recorded if u not in wanted]
         back = wanted
         if p["state"] == "present" and p["health_timeout"] > 0:
-            back = [u for u, (status, _) in get_each(wanted, "/health", p["health_timeout"]).items() if status == 200]
+            answers = get_each(wanted, "/health", p["health_timeout"])
+            back = [u for u, (status, _body) in answers.items() if status == 200]
         intent = keep + back if p["state"] == "present" else keep
         changed = write_record(p["workers_file"], intent, recorded)
         module.fail_json(
@@ -405,7 +431,7 @@ def main() -> None:
         # a worker the router already lists healthy passed the router's own /health check: not probed again (a
         # no-op deploy.yml would otherwise wait a one-token generation per worker for nothing)
         unknown = [u for u in wanted if not by_url.get(u, {}).get("is_healthy")]
-        for url, (status, _) in get_each(unknown, "/health", p["health_timeout"]).items():
+        for url, (status, _unused) in get_each(unknown, "/health", p["health_timeout"]).items():
             if status == 200:
                 continue
             if not p["leave_out_unhealthy"]:

@@ -18,7 +18,7 @@ description:
   - Fails with the command, its exit code, what it printed and an explanation when the NVIDIA
     driver is missing or not loaded (unless O(fail_on_missing_driver=false)).
 version_added: "0.1.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   nvidia_smi:
     description: The nvidia-smi executable (name or path).
@@ -102,8 +102,8 @@ commands:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402  (after the documentation strings)
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpu_facts_collect import GpuFactsError, collect, commands  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpu_facts_collect import GpuFactsError, collect, commands
 
 
 def main():

@@ -23,7 +23,7 @@ description:
     naming O(timeout_variable).
   - In check mode it does nothing.
 version_added: "1.0.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   jid:
     description: The job id of the async task (C(ansible_job_id)).
@@ -108,6 +108,3 @@ rc:
   type: int
   returned: for command jobs and on timeout
 """
-
-if __name__ == "__main__":
-    raise SystemExit("job_wait is an action plugin: it runs on the controller")

@@ -28,7 +28,7 @@ description:
   - The token is read from O(token_file) (written by the role, mode 0600), never taken as an argument.
   - Supports check mode (plans and reports what would be fetched).
 version_added: "1.0.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   source:
     description: Where the files come from.
@@ -182,8 +182,8 @@ offline:
   returned: success
 """
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_stager import StageError, Stager  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_stager import StageError, Stager
 
 
 def main() -> None:

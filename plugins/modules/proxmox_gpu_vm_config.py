@@ -35,7 +35,7 @@ options:
 extends_documentation_fragment:
   - community.proxmox.proxmox.actiongroup_proxmox
   - community.proxmox.proxmox.documentation
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -57,7 +57,7 @@ written:
   type: dict
 """
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils.proxmox_gpu_vm_api import (  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils.proxmox_gpu_vm_api import (
     proxmox_api,
     proxmox_module,
 )

@@ -36,7 +36,7 @@ options:
 extends_documentation_fragment:
   - community.proxmox.proxmox.actiongroup_proxmox
   - community.proxmox.proxmox.documentation
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -72,9 +72,9 @@ log_tail:
   elements: str
 """
 
-import time  # noqa: E402
+import time
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils.proxmox_gpu_vm_api import (  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils.proxmox_gpu_vm_api import (
     proxmox_api,
     proxmox_module,
 )

@@ -27,7 +27,7 @@ options:
     type: list
     elements: str
     default: []
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -46,10 +46,10 @@ node:
   type: dict
 """
 
-import os  # noqa: E402
-import re  # noqa: E402
+import os
+import re
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
 
 def _read(path: str) -> str | None:
@@ -68,7 +68,9 @@ def _int(text: str | None) -> int | None:
 
 
 def node_facts(root: str, pci_classes: list[str]) -> dict:
-    p = lambda *parts: os.path.join(root, *parts)  # noqa: E731
+    def p(*parts: str) -> str:
+        return os.path.join(root, *parts)
+
     # loaded modules and built-in ones (both have /sys/module/<name>), and /proc/modules for a tree without sysfs
     modules = {line.split()[0] for line in (_read(p("proc/modules")) or "").splitlines() if line.strip()}
     modules = sorted(modules | set(os.listdir(p("sys/module")) if os.path.isdir(p("sys/module")) else []))

@@ -3,31 +3,15 @@
 
 from __future__ import annotations
 
-import inspect
-import json
-import os
-import subprocess
-import time
-from pathlib import Path
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils import serving_bench_sweep
-from ansible_collections.gpufleet.fleet.plugins.module_utils.serving_bench_parse import (
-    ParseError,
-    combine,
-    parse_block,
-    parse_json_lines,
-    redact,
-)
-
 DOCUMENTATION = r"""
 module: serving_bench_run
 short_description: Run sglang.bench_serving at each concurrency of a sweep against one server; parse the results
+author: gpufleet maintainers (!UNKNOWN)
 description:
   - Runs on the controller (delegate it to localhost) with the benchmark client's Python (sglang 0.5.9's
     bench_serving and its imports, C(tools/bench_client.py)), once per concurrency, with the C(random-ids)
     dataset (no download), a fixed seed, a local tokenizer directory and C(--output-file).
-  - Offline: C(HF_HUB_OFFLINE), C(TRANSFORMERS_OFFLINE) and C(HF_DATASETS_OFFLINE) are set.
+  - "Offline: C(HF_HUB_OFFLINE), C(TRANSFORMERS_OFFLINE) and C(HF_DATASETS_OFFLINE) are set."
   - The API key goes to bench_serving as C(OPENAI_API_KEY) in its environment only (its C(get_auth_headers) sends
     C(Authorization Bearer)); never on a command line. The JSON line's C(server_info) (the server's
     C(/get_server_info), which holds C(api_key) in sglang 0.5.9) and the saved output are redacted.
@@ -51,7 +35,7 @@ options:
     {description: "Local directory with tokenizer.json (and tokenizer_config.json).", type: path, required: true}
   served_model_name:
     {description: "Model name sent with each request (empty = bench_serving asks /v1/models).", type: str, default: ""}
-  api_key: {description: "Server API key (empty = none).", type: str, default: "", no_log: true}
+  api_key: {description: "Server API key (empty = none).", type: str, default: ""}
   output_dir: {description: "Controller directory for the raw outputs.", type: path, required: true}
   timeout_s: {description: "Limit for one run (the sweep gets this times the number of runs).", type: int, default: 900}
   extra_args: {description: "More bench_serving arguments.", type: list, elements: str, default: []}
@@ -81,6 +65,24 @@ commands:
   type: list
   returned: always
 """
+
+
+import inspect
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils import serving_bench_sweep
+from ansible_collections.gpufleet.fleet.plugins.module_utils.serving_bench_parse import (
+    ParseError,
+    combine,
+    parse_block,
+    parse_json_lines,
+    redact,
+)
 
 # The sweep driver's source, run by the client's python with -c (Ansible ships module_utils inside the module's
 # zip, so there is no file to point that python at). It holds no secret.

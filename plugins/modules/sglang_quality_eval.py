@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_quality_eval import EVAL_OPTIONS, run_eval
-
 DOCUMENTATION = r"""
 module: sglang_quality_eval
 short_description: Score an SGLang server on an evaluation set with exact answers, against a stored baseline
@@ -35,7 +32,6 @@ options:
     description: "API key of the server (empty = read it from I(secrets_file))."
     type: str
     default: ""
-    no_log: true
   secrets_file:
     description: "EnvironmentFile of the unit; its SGLANG_SERVER_API_KEY is used when I(api_key) is empty."
     type: path
@@ -101,7 +97,7 @@ options:
     description: "The host's inventory name, written into RV(baseline_record)."
     type: str
     default: ""
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -189,6 +185,10 @@ seconds:
   returned: always
   type: float
 """
+
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_quality_eval import EVAL_OPTIONS, run_eval
 
 
 def main():

@@ -3,20 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import re
-import shlex
-from pathlib import Path
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import hash_file, read_json
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_command import run
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import write_root_file
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_smoke import prove
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_systemd import show_properties
-
 DOCUMENTATION = r"""
 module: sglang_server_converged
 short_description: Record a converged deploy on the host, or check a no-op deploy against that record
@@ -91,7 +77,7 @@ options:
     description: "nvidia-smi command."
     type: str
     default: nvidia-smi
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -151,6 +137,21 @@ reports:
   returned: when I(mode=report)
   type: dict
 """
+
+
+import hashlib
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files import hash_file, read_json
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_command import run
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import write_root_file
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_smoke import prove
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_systemd import show_properties
 
 SCHEMA = "gpufleet.sglang_server.converged/v1"
 HASH_MAX_BYTES = 4 * 1024 * 1024

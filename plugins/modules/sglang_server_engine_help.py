@@ -3,13 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
-import subprocess
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_help import help_options
-
 DOCUMENTATION = r"""
 module: sglang_server_engine_help
 short_description: Option strings of the installed SGLang engine, from its --help (cached per release)
@@ -41,7 +34,7 @@ options:
     description: "Variables set for the run (the unit's engine environment), over the module's own."
     type: dict
     default: {}
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -67,6 +60,14 @@ cached:
   returned: always
   type: bool
 """
+
+
+import hashlib
+import os
+import subprocess
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_help import help_options
 
 
 def main():

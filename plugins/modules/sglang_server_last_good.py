@@ -4,17 +4,10 @@ shell, a stat and a template: five module runs, a new Python on the host each, o
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import write_root_file
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_readback import readback
-
 DOCUMENTATION = r"""
 module: sglang_server_last_good
 short_description: Keep the installed SGLang server unit and secrets as the last-known-good version
+author: gpufleet maintainers (!UNKNOWN)
 description:
   - Compares the installed unit and secrets file with the copies in I(last_good_dir) (SHA-256). When either
     differs, the former last-known-good folder becomes I(previous_good_dir) (the target of an on-demand rollback;
@@ -53,7 +46,6 @@ options:
   kept_secrets:
     type: str
     required: true
-    no_log: true
     description: Content of a kept version's C(secrets.env) as the configuration says now (never logged).
   readback_unit:
     type: str
@@ -99,6 +91,15 @@ readback:
     C(nccl_env), C(manifest)); no secret is in it.
   returned: when readback_unit is set
 """
+
+
+import json
+import os
+import shutil
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import write_root_file
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_readback import readback
 
 SECRETS_NAME = "secrets.env"
 MANIFEST_NAME = "manifest.json"

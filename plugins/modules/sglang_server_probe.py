@@ -3,13 +3,6 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_holders import (
-    not_released_message,
-    snapshot,
-    wait_released,
-)
-
 DOCUMENTATION = r"""
 module: sglang_server_probe
 short_description: Unit state, port listeners and GPU holders of the SGLang server (optionally wait until released)
@@ -55,7 +48,7 @@ options:
     description: "GPU memory (MiB) that still counts as released."
     type: int
     default: 512
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -122,6 +115,14 @@ waited_s:
   returned: always
   type: float
 """
+
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_holders import (
+    not_released_message,
+    snapshot,
+    wait_released,
+)
 
 
 def main():

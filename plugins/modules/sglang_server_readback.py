@@ -5,12 +5,10 @@ last-known-good manifest."""
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_readback import readback
-
 DOCUMENTATION = r"""
 module: sglang_server_readback
 short_description: Read back the SGLang server's NCCL environment and the last-known-good manifest
+author: gpufleet maintainers (!UNKNOWN)
 description:
   - Runs C(systemctl show --property=MainPID --property=Environment UNIT); with a main process, reads its
     C(/proc/PID/environ) (source C(process)), else the unit's C(Environment=) (source C(unit)); without a unit,
@@ -38,6 +36,10 @@ main_pid: {type: int, returned: always, description: The unit's MainPID (0 when 
 nccl_env: {type: dict, returned: always, description: The kept variables and their values.}
 manifest: {type: dict, returned: always, description: The manifest's content; empty when absent or not JSON.}
 """
+
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_readback import readback
 
 
 def main() -> None:

@@ -3,18 +3,6 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import read_env_file  # noqa: F401
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_smoke import (  # noqa: F401  (tests' API)
-    SMOKE_OPTIONS,
-    check_answer,
-    parse_completion,
-    prompt_max_tokens,
-    prove,
-    run_prompt,
-    split_message,
-)
-
 DOCUMENTATION = r"""
 module: sglang_server_smoke
 short_description: Prove the SGLang server healthy by real generations (health, models, prompts, journal)
@@ -43,7 +31,6 @@ options:
     description: "API key of the server (empty = read it from I(secrets_file))."
     type: str
     default: ""
-    no_log: true
   secrets_file:
     description: >-
       EnvironmentFile of the unit; its SGLANG_SERVER_API_KEY is used when I(api_key) is empty,
@@ -97,7 +84,7 @@ options:
         as text, case-insensitively; a malformed rule fails the check, naming it."
     type: dict
     default: {}
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -163,6 +150,10 @@ seconds:
   returned: always
   type: float
 """
+
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_smoke import SMOKE_OPTIONS, prove
 
 
 def main():

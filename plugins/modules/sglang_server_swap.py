@@ -3,29 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
-import time
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_command import run
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_drain import drain_account, engine_load
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import read_env_file, write_root_file
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_holders import (
-    held_memory,
-    not_released_message,
-    snapshot,
-    wait_released,
-)
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_journal import journal_lines
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_manifest import record_stop
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_ready import (
-    READY_OPTIONS,
-    start_job,
-    wait_ready,
-)
-from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_systemd import unit_state
-
 DOCUMENTATION = r"""
 module: sglang_server_swap
 short_description: Stop the SGLang unit and wait until its GPUs are free, or install its files and start it
@@ -159,7 +136,7 @@ options:
           its journal check. Empty: readiness only (a node of rank >= 1 of a multi-node server).
         type: dict
         default: {}
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -242,6 +219,30 @@ ready_job:
   returned: start, restart with I(ready)
   type: dict
 """
+
+
+import hashlib
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_command import run
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_drain import drain_account, engine_load
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import read_env_file, write_root_file
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_holders import (
+    held_memory,
+    not_released_message,
+    snapshot,
+    wait_released,
+)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_journal import journal_lines
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_manifest import record_stop
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_ready import (
+    READY_OPTIONS,
+    start_job,
+    wait_ready,
+)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_systemd import unit_state
 
 
 def install(src, dest, mode):

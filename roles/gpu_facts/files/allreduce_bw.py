@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """All-reduce bus bandwidth over every GPU of this host (torch.distributed + NCCL).
 
 One process per GPU (``torch.multiprocessing.spawn``), bf16 tensors from 1 MiB to 1 GiB,
@@ -49,7 +48,7 @@ def algbw_gbps(nbytes, seconds):
 
 def parse_variant(text):
     """``name={"VAR": "value"}`` (or ``name=VAR=value,VAR2=value``) -> (name, env dict)."""
-    name, _, spec = text.partition("=")
+    name, _sep, spec = text.partition("=")
     if not name or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise argparse.ArgumentTypeError(f"variant needs NAME=ENV, got {text!r}")
     spec = spec.strip()
@@ -142,13 +141,13 @@ def _worker(rank, world, port, sizes, warmup, iters, dtype_name, queue):
     try:
         for nbytes in sizes:
             x = torch.ones(nbytes // elem, dtype=dtype, device="cuda")
-            for _ in range(warmup):
+            for _i in range(warmup):
                 dist.all_reduce(x)
             torch.cuda.synchronize()
             dist.barrier()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            for _ in range(iters):
+            for _i in range(iters):
                 dist.all_reduce(x)
             end.record()
             torch.cuda.synchronize()
@@ -232,7 +231,7 @@ def run_variant(name, env, managed, args, world):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--variant", action="append", type=parse_variant, default=[], metavar="NAME=ENV")
     parser.add_argument("--sizes-mib", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_SIZES_MIB)
     parser.add_argument("--warmup", type=int, default=5)
@@ -268,7 +267,7 @@ def main(argv=None):
         report["status"] = "not_applicable"
         report["message"] = f"{info['gpu_count']} GPU: all-reduce between GPUs needs at least 2"
     else:
-        managed = sorted({k for _, env in variants for k in env})
+        managed = sorted({k for _unused, env in variants for k in env})
         report["managed_env"] = managed
         report["base_env"] = {k: v for k, v in os.environ.items() if k.startswith("NCCL_") and k not in managed}
         for name, env in variants:

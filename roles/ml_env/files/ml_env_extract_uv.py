@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Install the static uv binary from a uv wheel (PyPI's uv wheels carry it as uv-<v>.data/scripts/uv).
 
 usage: ml_env_extract_uv.py WHEEL SHA256 DEST_DIR

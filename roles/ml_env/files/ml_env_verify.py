@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Verify an ml-env release; run with the release's own python.
 
 usage: python ml_env_verify.py LOCK_FILE [--import MOD ...] [--cuda]

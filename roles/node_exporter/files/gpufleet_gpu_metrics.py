@@ -231,7 +231,9 @@ def read_xid_errors(run=subprocess.run):
     """Xid lines in the kernel log since boot, or None when it cannot be read (no journalctl, an error, no
     permission, no journal: nothing at all since boot): then the metric is left out rather than reported as 0."""
     try:
-        done = run(JOURNAL_KERNEL, capture_output=True, text=True, errors="replace", timeout=COMMAND_TIMEOUT_S)
+        done = run(
+            JOURNAL_KERNEL, capture_output=True, text=True, errors="replace", timeout=COMMAND_TIMEOUT_S, check=False
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         sys.stderr.write(f"gpufleet_gpu_metrics: kernel log not read ({exc}); Xid metric left out\n")
         return None
@@ -322,7 +324,8 @@ def write_atomic(path, text):
 def run_nvidia_smi(nvidia_smi, args, run=subprocess.run):
     """nvidia-smi's stdout, or CollectError (it prints its own errors on stdout, e.g. no driver, exit 9)."""
     try:
-        done = run([nvidia_smi, *args], capture_output=True, text=True, errors="replace", timeout=COMMAND_TIMEOUT_S)
+        argv = [nvidia_smi, *args]
+        done = run(argv, capture_output=True, text=True, errors="replace", timeout=COMMAND_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired as exc:
         raise CollectError(f"{nvidia_smi} {args[0]} did not answer within {COMMAND_TIMEOUT_S} s") from exc
     except OSError as exc:

@@ -17,6 +17,7 @@ import argparse
 import base64
 import io
 import json
+import math
 import urllib.parse
 import urllib.request
 from datetime import UTC, datetime
@@ -214,7 +215,7 @@ def prometheus_now(url: str, timeout: float = 10.0) -> dict:
         for name, expr in NOW_QUERIES.items():
             for r in query(expr):
                 value = float(r["value"][1])
-                if value == value:  # NaN (no traffic in the window): left out
+                if not math.isnan(value):  # NaN (no traffic in the window): left out
                     hosts.setdefault(r["metric"].get("instance", "?"), {})[name] = value
         alerts = sorted(
             ({k: r["metric"].get(k, "") for k in ("alertname", "instance", "severity")}

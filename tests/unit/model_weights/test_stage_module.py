@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -163,8 +164,9 @@ def test_token_file_is_read_not_passed(stage_mod, tmp_path):
 
 
 def test_filter_and_human(stage_mod):
-    assert stage_mod.filter_paths(["a.json", "b.bin", "c/d.json"], ["*.json"], ["c/*"]) == ["a.json"]
-    assert stage_mod.human(1536) == "1.50 KiB" and stage_mod.is_commit("a" * 40) and not stage_mod.is_commit("main")
+    files = importlib.import_module("ansible_collections.gpufleet.fleet.plugins.module_utils.model_weights_files")
+    assert files.filter_paths(["a.json", "b.bin", "c/d.json"], ["*.json"], ["c/*"]) == ["a.json"]
+    assert stage_mod.human(1536) == "1.50 KiB" and files.is_commit("a" * 40) and not files.is_commit("main")
 
 
 def test_wait_plugin_progress_line():

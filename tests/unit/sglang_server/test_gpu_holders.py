@@ -182,7 +182,7 @@ def test_command_lines_never_show_secrets(argv, secret):
     shown = procfs.redact_cmdline(argv)
     assert secret not in shown and "***" in shown, shown
     # both roles' readers show command lines through the one procfs copy
-    assert gfc.redact_cmdline is procfs.redact_cmdline and server_holders.pid_cmdline is procfs.pid_cmdline
+    assert gfc.pid_cmdline is procfs.pid_cmdline and server_holders.pid_cmdline is procfs.pid_cmdline
 
 
 def test_command_lines_keep_ordinary_options_and_are_bounded():

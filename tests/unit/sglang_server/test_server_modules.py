@@ -94,13 +94,14 @@ def test_smoke_when_nothing_listens(run_module):
 
 
 def test_read_env_file_unescapes_systemd_values(tmp_path):
-    import sglang_server_smoke as smoke  # the smoke module reads the key with module_utils' reader
+    # the smoke module reads the key with module_utils' reader (sglang_server_http.server_api)
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_files import read_env_file
 
     f = tmp_path / "secrets.env"
     f.write_text('# comment\nSGLANG_SERVER_API_KEY="a\\"b\\\\c $x"\nBROKEN=unquoted\nHF_TOKEN=""\n')
-    assert smoke.read_env_file(str(f)) == {"SGLANG_SERVER_API_KEY": 'a"b\\c $x', "HF_TOKEN": ""}
-    assert smoke.read_env_file(str(tmp_path / "missing")) == {}
-    assert smoke.read_env_file("") == {}
+    assert read_env_file(str(f)) == {"SGLANG_SERVER_API_KEY": 'a"b\\c $x', "HF_TOKEN": ""}
+    assert read_env_file(str(tmp_path / "missing")) == {}
+    assert read_env_file("") == {}
 
 
 @pytest.mark.parametrize(
@@ -115,9 +116,9 @@ def test_read_env_file_unescapes_systemd_values(tmp_path):
     ],
 )
 def test_check_answer(answer, problems):
-    import sglang_server_smoke as smoke
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_smoke import check_answer
 
-    assert smoke.check_answer(answer, "(?i)\\bparis\\b", DEFAULTS["sglang_server_garbage_patterns"])[0] == problems
+    assert check_answer(answer, "(?i)\\bparis\\b", DEFAULTS["sglang_server_garbage_patterns"])[0] == problems
 
 
 # ---------------------------------------------------------------- sglang_server_engine_help

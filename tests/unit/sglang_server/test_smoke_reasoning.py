@@ -25,7 +25,7 @@ def _load(name: str, path: Path):
     return module
 
 
-smoke = _load("sglang_server_smoke_under_test", REPO / "plugins" / "modules" / "sglang_server_smoke.py")
+smoke = _load("sglang_server_smoke_under_test", REPO / "plugins" / "module_utils" / "sglang_server_smoke.py")
 
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 GARBAGE = DEFAULTS["sglang_server_garbage_patterns"]

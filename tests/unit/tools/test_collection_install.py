@@ -71,7 +71,7 @@ def test_the_artifact_holds_the_collection_and_nothing_of_the_checkout(installed
                    "roles/gpu_facts/tasks/main.yml", "plugins/modules/gpu_facts.py",
                    "plugins/module_utils/procfs.py", "plugins/filter/gpu_facts_filters.py"):  # fmt: skip
         assert needed in names, needed
-    checkout_only = (".venv", ".cache", "collections", "lab", "tests", ".git", "ansible.cfg", "molecule")
+    checkout_only = (".venv", ".cache", "collections", "lab", "tests", ".git", "ansible.cfg", "molecule", "benchmarks")
     assert not [n for n in names if n.split("/")[0] in checkout_only]
     installed_root = path / "ansible_collections" / "gpufleet" / "fleet"
     assert json.loads((installed_root / "MANIFEST.json").read_text())["collection_info"]["name"] == "fleet"

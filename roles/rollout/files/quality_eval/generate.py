@@ -58,11 +58,11 @@ def items() -> list[dict]:
         value = a + b if op == "+" else a - b if op == "-" else a * b
         add("arith", f"What is {a} {op} {b}? {NUMBER}", value)
     start = dt.date(2000, 1, 1).toordinal()
-    for _ in range(6):
+    for _i in range(6):
         day = dt.date.fromordinal(start + rng.randint(0, 12000))
         add("weekday", f"What day of the week was {day.isoformat()}? Reply with the weekday name only.",
             WEEKDAYS[day.weekday()], "exact")  # fmt: skip
-    for _ in range(4):
+    for _i in range(4):
         day = dt.date.fromordinal(start + rng.randint(0, 12000))
         n = rng.randint(10, 400)
         add("date", f"What date is {n} days after {day.isoformat()}? Reply with the date only, as YYYY-MM-DD.",
@@ -72,11 +72,11 @@ def items() -> list[dict]:
             aliases=aliases)  # fmt: skip
     for value, src, dst, expected, tol in CONVERSIONS:
         add("convert", f"Convert {value} {src} to {dst}. {NUMBER}", expected, tolerance=tol)
-    for _ in range(2):
+    for _i in range(2):
         a, b, c = rng.randint(10, 40), rng.randint(1, 9), rng.randint(2, 20)
         add("reason", f"Alice has {a} apples. She gives {b} to Bob and then buys {c} more. "
             f"How many apples does Alice have now? {NUMBER}", a - b + c)  # fmt: skip
-    for _ in range(2):
+    for _i in range(2):
         v, h = rng.randint(40, 120), rng.choice([1.5, 2, 2.5, 3, 4])
         add("reason", f"A train travels at {v} km/h for {h:g} hours. How many kilometers does it travel? {NUMBER}",
             v * h if v * h != int(v * h) else int(v * h))  # fmt: skip

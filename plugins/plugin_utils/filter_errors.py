@@ -1,5 +1,6 @@
 """One way for a filter plugin to turn its own error (a ValueError subclass whose message names the variable and
-the fix) into Ansible's filter error, so the pure-Python filter functions stay testable without Ansible."""
+the fix) into Ansible's filter error, so the pure-Python filter functions stay testable without Ansible. Controller
+code (filters), so in plugin_utils: module_utils is what modules carry to the hosts."""
 
 from __future__ import annotations
 
