@@ -166,9 +166,12 @@ def value_digest(name: str, value, key: bytes) -> str:
     return hmac.new(key, blob.encode(), hashlib.sha256).hexdigest()[:20]
 
 
-def input_digests(variables: dict, template, code: str, ansible_version: str, key: bytes) -> dict:
+def input_digests(
+    variables: dict, template, code: str, ansible_version: str, key: bytes, run_groups: frozenset = frozenset()
+) -> dict:
     """{code, ansible, digest, vars: {name: digest}} of a host's inputs, keyed by ``key``; ``template(value)`` templates
-    one value (a value that cannot be templated yet, as one naming a fact of this run, counts as written)."""
+    one value (a value that cannot be templated yet, as one naming a fact of this run, counts as written). Its
+    ``group_names`` are the inventory's: the groups in ``run_groups`` (built by this run: run_groups) are left out."""
     facts = set((variables.get("ansible_facts") or {}).keys())
     facts |= {"ansible_" + f for f in facts}
     digests = {}
@@ -181,8 +184,23 @@ def input_digests(variables: dict, template, code: str, ansible_version: str, ke
         except Exception:  # noqa: BLE001  (undefined now: a fact of this run; the text is the input)
             value = raw
         digests[name] = value_digest(name, value, key)
-    digests["group_names"] = value_digest("group_names", sorted(variables.get("group_names") or []), key)
+    groups = sorted(g for g in variables.get("group_names") or [] if g not in run_groups)
+    digests["group_names"] = value_digest("group_names", groups, key)
     return {"code": code, "ansible": ansible_version, "digest": key_id(key), "vars": digests}
+
+
+def run_groups(inventory) -> frozenset:
+    """The groups this run built in memory (add_host, group_by: docs/architecture.md, "Plays and their hosts"), from
+    the inventory manager's record of them (the one meta: refresh_inventory replays). Which hosts a run skips,
+    restarts or locks is how that run goes, not what a host runs: the first play of the next deploy.yml, before any
+    such group exists, must find the same group_names as the server stage that wrote the record."""
+    names = set()
+    for info in getattr(inventory, "_cached_dynamic_hosts", None) or []:
+        names.update((info or {}).get("groups") or [])
+    for _host, item in getattr(inventory, "_cached_dynamic_grouping", None) or []:
+        names.add((item or {}).get("add_group"))
+        names.update((item or {}).get("parent_groups") or [])
+    return frozenset(n for n in names if n)
 
 
 def multinode_peers(variables: dict) -> list:
@@ -296,12 +314,14 @@ class ActionModule(ActionBase):
         root = os.path.dirname(os.path.dirname(task_vars["role_path"]))
         variables = self._inventory_variables(task_vars)
         key = digest_key()
+        inventory = getattr(getattr(self._task, "_variable_manager", None), "_inventory", None)
         inputs = input_digests(
             variables,
             self._templar.template,
             code_digest(root),
             str((task_vars.get("ansible_version") or {}).get("full", "")),
             key,
+            run_groups(inventory),
         )
         peers = multinode_peers(variables)
         if peers:

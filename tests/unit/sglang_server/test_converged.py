@@ -189,6 +189,29 @@ def test_inputs_are_the_hosts_variables_not_ansibles_own_nor_facts_nor_the_switc
     assert (digests["code"], digests["ansible"]) == ("c0de", "2.19.14")
 
 
+def test_group_names_are_the_inventorys_not_the_groups_a_run_builds():
+    # the first play of a deploy.yml sees the inventory's groups; the server stage that writes the record sees the
+    # in-memory groups of its run too (sglang_server_restart_hosts, monitoring_validate_hosts, ...): same digest
+    inventory = SimpleNamespace(
+        _cached_dynamic_hosts=[
+            {"host_name": "a", "groups": ["sglang_server_restart_hosts"], "host_vars": {}},
+            {"host_name": "a", "groups": ["monitoring_validate_hosts"], "host_vars": {}},
+        ],
+        _cached_dynamic_grouping=[("a", {"add_group": "by_key", "parent_groups": ["by_parent"]})],
+    )
+    built = action.run_groups(inventory)
+    assert built == {"sglang_server_restart_hosts", "monitoring_validate_hosts", "by_key", "by_parent"}
+    first_play = {"group_names": ["gpufleet_lab", "sglang_servers"]}
+    server_stage = {"group_names": ["gpufleet_lab", "monitoring_validate_hosts", "sglang_server_restart_hosts",
+                                    "sglang_servers"]}  # fmt: skip
+    check = action.input_digests(first_play, str, "c0de", "2.19.14", KEY, action.run_groups(SimpleNamespace()))
+    record = action.input_digests(server_stage, str, "c0de", "2.19.14", KEY, built)
+    assert check == record
+    # an inventory group still counts
+    moved = action.input_digests({"group_names": ["sglang_servers"]}, str, "c0de", "2.19.14", KEY, built)
+    assert moved["vars"]["group_names"] != check["vars"]["group_names"]
+
+
 def test_a_controller_file_named_by_an_input_counts_by_size_and_mtime(tmp_path):
     runfile = tmp_path / "cuda.run"
     runfile.write_text("one")
