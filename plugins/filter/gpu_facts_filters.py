@@ -19,10 +19,9 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
-from ansible_collections.gpufleet.fleet.plugins.plugin_utils.filter_errors import as_filter_error
-
-# What to do about each GPU holder, in words: one implementation, the server role's stop uses it on the host
+# holders_remedy: what to do about each GPU holder, in words (one implementation; the server role's stop uses it)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_holders import holders_remedy
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.filter_errors import as_filter_error
 
 # The seed machine's proven NCCL set (8x RTX PRO 6000 in a KVM guest, P2P "NS"): see docs/gpu-facts.md.
 SEED_NO_P2P_ENV = {
