@@ -37,7 +37,7 @@ help:
 	@echo "make proxmox-demo  provision two GPU VMs on a simulated Proxmox VE (lab/pvesim) and read the inventory back"
 	@echo "make bench         performance suite: no-op deploy (ansible.cfg vs defaults vs Mitogen), restart, env build"
 
-setup: apt venv collections bench-client promtool sanity-venvs
+setup: apt venv collections bench-client promtool
 
 apt:
 	@if ! command -v systemd-nspawn >/dev/null || ! command -v mmdebstrap >/dev/null || ! command -v iptables >/dev/null \
@@ -72,6 +72,9 @@ promtool:
 
 # ansible-test sanity's own virtual environments (pylint, yamllint, voluptuous, ... as ansible-test pins them, from
 # PyPI), made once into .cache/ansible-test so that `make lint` installs nothing (tools/ansible_test_sanity.py).
+# `make test` makes them right after `setup`, before lint and the lab tests run side by side; not part of `setup`,
+# which `make deploy` runs too (a user's deploy needs no test environment, and the documented-commands lab test runs
+# `make deploy` while lint's sanity uses these environments).
 sanity-venvs: venv collections
 	.venv/bin/python tools/ansible_test_sanity.py --prime-venvs >/dev/null
 
@@ -117,7 +120,7 @@ lab-status:
 # collection and ansible.cfg do not use them): tools/ansible_speedups/env.sh, docs/performance.md.
 test:
 	@. tools/ansible_speedups/env.sh && NO_PRUNE=1 MOLECULE_NICE=10 MOLECULE_BESIDE=unit,lab-tests-1,lab-tests-2 MOLECULE_JOBS_BESIDE=2 \
-	  python3 tools/timed_groups.py setup lab-prune lint+unit+lab-tests-1+lab-tests-2+molecule
+	  python3 tools/timed_groups.py setup sanity-venvs lab-prune lint+unit+lab-tests-1+lab-tests-2+molecule
 
 lint: promtool
 	ruff check .
