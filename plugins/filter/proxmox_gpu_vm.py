@@ -471,11 +471,11 @@ def cluster_problems(specs: list[dict], cluster: dict, owner_tag: str) -> list[s
                 mine.append((i, alts[0], True))
             elif gpu.get("bus"):
                 mine.append((i, [_full_bus(str(gpu["bus"]))], False))
-        if any(mapped for _, _, mapped in mine):
+        if any(mapped for _i, _paths, mapped in mine):
             problems += [
                 p
-                for p in _twice_in_vm(vm, [(i, paths) for i, paths, _ in mine], f" on {node}")
-                if any(m and f"[{i}]" in p for i, _, m in mine)
+                for p in _twice_in_vm(vm, [(i, paths) for i, paths, _mapped in mine], f" on {node}")
+                if any(m and f"[{i}]" in p for i, _paths, m in mine)
             ]
         # a mapped GPU and a bus id can name the same device
         taken = {}

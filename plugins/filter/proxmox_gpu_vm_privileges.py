@@ -38,7 +38,7 @@ OPTION_PRIVS = (  # qemu-server $check_vm_modify_config_perm's classes, for the 
 
 def _major(cluster: dict) -> int:
     try:
-        return int(str(cluster.get("version") or "8").split(".")[0])
+        return int(str(cluster.get("version") or "8").split(".", maxsplit=1)[0])
     except ValueError:
         return 8
 
@@ -107,7 +107,7 @@ def privilege_paths(specs: list[dict], cluster: dict) -> list[str]:
     """The paths whose privileges the check reads; none for root@pam."""
     if not specs or specs[0].get("auth") == ROOT_AUTH:
         return []
-    return sorted({path for s in specs for path, _, _ in needed(s, cluster)})
+    return sorted({path for s in specs for path, _privilege, _use in needed(s, cluster)})
 
 
 def _grant(auth: str) -> str:

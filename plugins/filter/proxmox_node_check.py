@@ -181,7 +181,7 @@ def proxmox_node_problems(
             need.setdefault((str(n), kb), []).append((v, int(v["memory"]) // len(nodes)))
     numa = facts.get("numa", {})
     for (n, kb), members in sorted(need.items()):
-        pages = sum(mib * 1024 // kb for _, mib in members)
+        pages = sum(mib * 1024 // kb for _vm, mib in members)
         names = ", ".join(f"{v['name']}" + (f" {mib} MiB" if mib != int(v["memory"]) else "") for v, mib in members)
         if n not in numa:
             problems.append(
