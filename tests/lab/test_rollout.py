@@ -78,6 +78,17 @@ def lock_files(hosts: dict) -> dict:
     return {name: on(h, "ls /var/lib/gpufleet/locks 2>/dev/null || true").split() for name, h in hosts.items()}
 
 
+def background_rollout(name: str, extra: dict) -> subprocess.Popen:
+    """rollout.yml started in the background with ``extra`` (a vars file ``<name>.json`` in the lab's work folder),
+    its output piped: the test acts on the fleet while the run goes on."""
+    vars_file = WORK / f"{name}.json"
+    vars_file.write_text(json.dumps(extra))
+    argv = ["ansible-playbook", "-i", str(WORK / "hosts.yml"), "-e", f"@{vars_file}", "playbooks/rollout.yml"]
+    return subprocess.Popen(
+        argv, cwd=ROOT, env=playbook_env(EXTRA_ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
 class Load(ClientThreads):
     """Continuous requests through the router: non-streaming short chat/completions and streaming long
     generations (several seconds each, so some are in flight when a worker leaves the router).
@@ -345,18 +356,13 @@ def test_rollout_under_load_has_zero_failed_requests_and_a_second_rollout_is_ref
     extra = common_extra(
         rollout_serial=[1, "100%"], rollout_max_unavailable=3, sglang_server_args_host={"chunked-prefill-size": 4096}
     )
-    vars_file = WORK / "rollout-a.json"
-    vars_file.write_text(json.dumps(extra))
-    argv = ["ansible-playbook", "-i", str(WORK / "hosts.yml"), "-e", f"@{vars_file}", "playbooks/rollout.yml"]
     urls = [f"http://{fleet[h]['address']}:8000" for h in SERVERS]
     with Load([fleet[g]["address"] for g in GATEWAYS]) as load, InFlight(gw["address"], urls):
         deadline = time.monotonic() + 60
         while load.ok["plain"] == 0:  # the load is served through the gateways before the first worker leaves them
             assert time.monotonic() < deadline and not load.failures, (load.ok, load.failures[:3])
             time.sleep(0.2)
-        first = subprocess.Popen(
-            argv, cwd=ROOT, env=playbook_env(EXTRA_ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        first = background_rollout("rollout-a", extra)
         deadline = time.monotonic() + 120
         while "rollout-fleet.lock" not in on(gw, "ls /var/lib/gpufleet/locks 2>/dev/null || true"):
             assert first.poll() is None and time.monotonic() < deadline, "the first rollout never took its lock"
@@ -480,12 +486,7 @@ def test_a_router_killed_in_the_middle_of_a_rollout_comes_back_and_the_rollout_s
     extra = common_extra(
         rollout_serial=[2], rollout_max_unavailable=2, sglang_server_args_host={"chunked-prefill-size": 6144}
     )
-    vars_file = WORK / "rollout-kill.json"
-    vars_file.write_text(json.dumps(extra))
-    argv = ["ansible-playbook", "-i", str(WORK / "hosts.yml"), "-e", f"@{vars_file}", "playbooks/rollout.yml"]
-    rollout = subprocess.Popen(
-        argv, cwd=ROOT, env=playbook_env(EXTRA_ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    rollout = background_rollout("rollout-kill", extra)
     try:
         # the first batch's workers left the gateway's record (before their DELETE): kill the router then
         deadline = time.monotonic() + 300
@@ -557,12 +558,7 @@ def test_a_gateway_stopped_in_the_middle_of_a_rollout_ends_it_with_a_true_accoun
     the intent, so once started again it serves every healthy worker, without Ansible."""
     gw, down = fleet[GATEWAYS[0]], fleet[GATEWAYS[1]]
     extra = common_extra(rollout_serial=[1, "100%"], sglang_server_args_host={"chunked-prefill-size": 2048})
-    vars_file = WORK / "rollout-gateway-down.json"
-    vars_file.write_text(json.dumps(extra))
-    argv = ["ansible-playbook", "-i", str(WORK / "hosts.yml"), "-e", f"@{vars_file}", "playbooks/rollout.yml"]
-    run = subprocess.Popen(
-        argv, cwd=ROOT, env=playbook_env(EXTRA_ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    run = background_rollout("rollout-gateway-down", extra)
     try:
         deadline = time.monotonic() + 180
         while "rollout-fleet.lock" not in on(gw, "ls /var/lib/gpufleet/locks 2>/dev/null || true"):
