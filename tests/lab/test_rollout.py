@@ -557,7 +557,9 @@ def test_a_gateway_stopped_in_the_middle_of_a_rollout_ends_it_with_a_true_accoun
     is this run's, naming the gateway it could not read) and gives its locks back; the stopped gateway's record kept
     the intent, so once started again it serves every healthy worker, without Ansible."""
     gw, down = fleet[GATEWAYS[0]], fleet[GATEWAYS[1]]
-    extra = common_extra(rollout_serial=[1, "100%"], sglang_server_args_host={"chunked-prefill-size": 2048})
+    extra = common_extra(
+        rollout_serial=[1, "100%"], rollout_max_unavailable=3, sglang_server_args_host={"chunked-prefill-size": 2048}
+    )
     run = background_rollout("rollout-gateway-down", extra)
     try:
         deadline = time.monotonic() + 180
