@@ -36,6 +36,7 @@ import pytest
 from conftest import ROOT, lab
 from fleet_lab import healthy_urls, unit_state, unit_text
 from gpufleet_testinfra import changed_tasks, recap
+from lab_host import on
 
 LAB_STATE = "/var/lib/gpufleet-lab/gpufleet"
 SERVERS = ["gpufleet-01", "gpufleet-02"]
@@ -87,6 +88,14 @@ def test_make_deploy_runs_every_stage_and_the_readme_curl_answers(lab_hosts):
         assert r["result"] in ("ok", "unchanged") and r["health"]["ok"], r
     answer = json.loads(ok(doc_commands.run(README_CURL), "the README's curl"))
     assert answer["choices"][0]["message"]["content"].strip(), answer
+    # liveness runs beside each server (on by default) and has seen it generate
+    for host in SERVERS:
+        state = on(lab_hosts["hosts"][host], "systemctl is-active sglang-server-liveness; "
+                   "cat /var/lib/prometheus/node-exporter/gpufleet_liveness.prom")  # fmt: skip
+        assert (
+            state.startswith("active\n")
+            and 'gpufleet_liveness_last_round_timestamp_seconds{unit="sglang-server.service"}' in state
+        ), state
 
 
 def test_a_second_deploy_changes_nothing(lab_hosts):

@@ -73,6 +73,9 @@ def test_deploy_ran_every_stage_and_the_server_uses_their_results(host, deployed
     assert r["versions"]["ml_env_release"] == release
     assert r["comm_profile"] == "no-p2p"  # preflight's derivation for the 8x RTX PRO 6000 PCIe VM
     assert_answers(host)
+    # sglang_server_liveness_enabled: false (host_vars): no liveness service beside the server
+    assert not host.file("/etc/systemd/system/sglang-server-liveness.service").exists
+    assert not host.service("sglang-server-liveness").is_running
 
 
 def test_a_second_deploy_right_after_the_first_proves_the_new_host_in_place(host, deployed):
