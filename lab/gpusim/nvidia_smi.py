@@ -361,7 +361,7 @@ class Machine:
             if body is None and os.path.exists(template):
                 with open(template, encoding="utf-8") as fh:
                     body = fh.read().splitlines(keepends=True)
-            cache[gpu["index"]] = _q_index(body or [])
+            cache[gpu["index"]] = _q_index(body or []) | q_overrides(gpu)
         return cache[gpu["index"]]
 
     def processes(self, gpu_indices=None):
@@ -539,6 +539,13 @@ def _q_substitute(lines, values):
     return out
 
 
+def q_overrides(gpu):
+    """The GPU's ``q`` key: values of its ``-q`` body set by the profile, ``{"Remapped Rows / Pending": "Yes",
+    "PCI / GPU Link Info / Link Width / Current": "8x"}`` (a planted fault: a row remapping pending, a link
+    trained below its maximum). ``-q`` prints them and the --query-gpu fields read from the body answer them."""
+    return {tuple(part.strip() for part in key.split(" / ")): str(value) for key, value in gpu.get("q", {}).items()}
+
+
 def _q_index(lines):
     """{section path: value} of a ``-q`` body: ``("Clocks", "SM"): "345 MHz"``."""
     values = {}
@@ -663,6 +670,7 @@ def render_q(machine, gpus):
             ("Processes",): _q_processes(machine, gpu),
         }
         values.update(_q_ecc_values(machine, gpu))
+        values.update(q_overrides(gpu))
         out.append(f"GPU {gpu['pci_bus_id']}\n")
         out.extend(_q_substitute(body, values))
         out.append("\n")

@@ -89,6 +89,11 @@ BOUND_FIRE_S = {
     "GpufleetGenerationProbeFailing": 60 + 45,
     "GpufleetGpuForeignMemory": 60 + 45,
     "GpufleetGpuEccUncorrected": 60,
+    "GpufleetGpuHot": 120 + 45,
+    "GpufleetGpuThrottled": 120 + 45,
+    "GpufleetGpuPcieDegraded": 120 + 45,
+    "GpufleetGpuRowRemapFailed": 60,
+    "GpufleetGpuRowRemapPending": 60,
     "GpufleetRouterWorkerMissing": 60 + 45,
     "GpufleetNodeExporterDown": 60 + 45,
     "GpufleetThresholdMissing": 300 + 45,
@@ -347,6 +352,9 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
     restarting, probe, ecc = (("GpufleetEngineRestarting", "mon-01"), ("GpufleetGenerationProbeFailing", "mon-01"),
                               ("GpufleetGpuEccUncorrected", "mon-01"))  # fmt: skip
     foreign, down = ("GpufleetGpuForeignMemory", "mon-02"), ("GpufleetEngineDown", "mon-02")
+    hot, throttled, pcie = (("GpufleetGpuHot", "mon-01"), ("GpufleetGpuThrottled", "mon-01"),
+                            ("GpufleetGpuPcieDegraded", "mon-01"))  # fmt: skip
+    remap_failed, remap_pending = ("GpufleetGpuRowRemapFailed", "mon-01"), ("GpufleetGpuRowRemapPending", "mon-01")
     missing, node = ("GpufleetRouterWorkerMissing", GATEWAY), ("GpufleetNodeExporterDown", GATEWAY)
     thresholds = ("GpufleetThresholdMissing", "")
     on(gw, f"sed -i '/record: gpufleet:ttft_p99_threshold_seconds/,+2d' {THRESHOLDS}; "
@@ -355,7 +363,13 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
     plant({thresholds: "the monitor's thresholds file without the lab class's TTFT threshold"})
     on(h1, "kill -9 $(systemctl show -p MainPID --value sglang-server.service)")
     on(h1, f"echo wrong-answer > {FAULT_FILE}")
-    gpusim_profile(h1, "p['gpus'][0]['ecc_uncorrected_volatile'] = 1")
+    # mon-01's GPUs also: GPU 1 at 95 C, GPU 2 in hardware thermal slowdown (nvml.h 0x8 | 0x40), GPU 3 with a row
+    # remapping pending and one failed, GPU 4 busy on a link trained at x8 of x16 (lab/gpusim/README.md: profile keys)
+    gpusim_profile(h1, "g = p['gpus']; g[0]['ecc_uncorrected_volatile'] = 1; g[1]['temperature_c'] = 95; "
+                       "g[2]['clocks_event_reasons'] = 0x48; g[3]['q'] = {'Remapped Rows / Pending': 'Yes', "
+                       "'Remapped Rows / Remapping Failure Occurred': 'Yes'}; "
+                       "g[4]['q'] = {'PCI / GPU Link Info / Link Width / Current': '8x'}; "
+                       "g[4]['utilization_gpu'] = 97")  # fmt: skip
     on(h2, "kill -9 $(systemctl show -p MainPID --value sglang-server.service)")
     remove_worker(fleet, next(w for w in router_workers(fleet) if h2["address"] in w["url"]))
     on(gw, "systemctl stop prometheus-node-exporter.service")
@@ -363,6 +377,11 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
         restarting: "kill -9 of mon-01's engine",
         probe: "mon-01 answers wrong",
         ecc: "an uncorrected ECC error on mon-01's GPU 0",
+        hot: "mon-01's GPU 1 at 95 C",
+        throttled: "mon-01's GPU 2 in hardware thermal slowdown",
+        remap_failed: "a failed row remapping on mon-01's GPU 3",
+        remap_pending: "a row remapping pending on mon-01's GPU 3",
+        pcie: "mon-01's GPU 4 busy on a PCIe link at x8 of x16",
         foreign: "mon-02's engine killed, its leaked GPU memory held",
         down: "mon-02's engine killed, no GPU memory left for its restart",
         missing: "mon-02 removed from the router",
@@ -374,8 +393,9 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
     on(h1, f": > {FAULT_FILE}")
     gpusim_profile(h1, None)
     on(gw, "systemctl start prometheus-node-exporter.service")
-    repaired(probe, node)
-    resolved |= wait_for(fleet, {probe: "", node: ""}, False, BOUND_RESOLVE_S, repaired_at)
+    repaired(probe, node, hot, throttled, remap_failed, remap_pending, pcie)
+    gpu_health = dict.fromkeys((hot, throttled, remap_failed, remap_pending, pcie), "")
+    resolved |= wait_for(fleet, {probe: "", node: "", **gpu_health}, False, BOUND_RESOLVE_S, repaired_at)
     on(h2, "systemctl stop sglang-server.service; nvidia-smi --gpu-reset -i 0,1,2,3,4,5,6,7 >/dev/null; "
            "systemctl reset-failed sglang-server.service; systemctl start sglang-server.service")  # fmt: skip
     deadline = time.monotonic() + 120

@@ -2,10 +2,11 @@
 """gpufleet: per-GPU metrics for node-exporter's textfile collector (installed by roles/node_exporter).
 
 A systemd timer runs this script every few seconds (15 s by default). It asks ``nvidia-smi`` for each GPU's
-utilisation, memory, temperature, power and volatile ECC error counts, splits the memory in use into what the
-inference engine's processes hold (their ``/proc/<pid>/cgroup`` names one of the engine's systemd units) and
-what anything else holds (another program, an orphaned scheduler, memory leaked by a process that is gone),
-counts the ``NVRM: Xid`` lines in the kernel log since boot, and writes it all in the Prometheus text format
+utilisation, memory, temperature, power, volatile ECC error counts, row remapping state, clock event reasons and
+PCIe link (current and maximum generation and width), splits the memory in use into what the inference engine's
+processes hold (their ``/proc/<pid>/cgroup`` names one of the engine's systemd units) and what anything else holds
+(another program, an orphaned scheduler, memory leaked by a process that is gone), counts the ``NVRM: Xid`` lines
+in the kernel log since boot (in all, and per GPU and Xid code), and writes it all in the Prometheus text format
 to one ``*.prom`` file, which node-exporter's textfile collector reads at every scrape.
 
 Why a textfile collector: there is no DCGM (nor dcgm-exporter) on these hosts, and ``nvidia-smi`` answers the
@@ -44,7 +45,34 @@ GPU_FIELDS = (
     "power.draw",
     "ecc.errors.corrected.volatile.total",
     "ecc.errors.uncorrected.volatile.total",
+    # health: a row remapping that waits for a GPU reset, one that failed (the GPU's memory has no spare rows
+    # left); why the clocks are held down; the PCIe link as trained against its maximum (nvidia-smi
+    # --help-query-gpu: "These may be reduced when the GPU is not in use")
+    "pci.bus_id",
+    "remapped_rows.pending",
+    "remapped_rows.failure",
+    "clocks_event_reasons.active",
+    "pcie.link.gen.current",
+    "pcie.link.gen.max",
+    "pcie.link.width.current",
+    "pcie.link.width.max",
 )
+# nvml.h's clocks event reason bits (nvmlClocksEventReason*, the names of nvidia-smi --query-gpu's
+# clocks_event_reasons.<name> fields), read from clocks_event_reasons.active's mask.
+CLOCK_EVENT_REASONS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+# An Xid line of NVIDIA's kernel module (open-gpu-kernel-modules kernel_rc.c): "NVRM: Xid (PCI:0000:3b:00): 79,
+# pid=..., ..."; MIG adds " GPU-I:NN" inside the parentheses.
+XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+)[^)]*\): (\d+)\b")
 APP_FIELDS = ("pid", "used_memory", "gpu_uuid")
 GPU_QUERY = ["--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits"]
 APPS_QUERY = ["--query-compute-apps=" + ",".join(APP_FIELDS), "--format=csv,noheader,nounits"]
@@ -82,8 +110,18 @@ FAMILIES = {
     "gpufleet_gpu_ecc_errors_uncorrected_total": (
         "Uncorrected ECC errors since the driver was loaded (volatile); absent where the GPU reports none."
     ),
+    "gpufleet_gpu_remapped_rows_pending": "1 when a row remapping waits for the GPU's next reset (nvidia-smi).",
+    "gpufleet_gpu_remapped_rows_failure": "1 when a row remapping failed in the GPU's lifespan (nvidia-smi).",
+    "gpufleet_gpu_clock_event_active": (
+        "1 while the clock event reason (nvml.h bit of clocks_event_reasons.active) holds the clocks down, else 0."
+    ),
+    "gpufleet_gpu_pcie_link_generation": "PCIe link generation: link=current as trained now, link=max possible.",
+    "gpufleet_gpu_pcie_link_width": "PCIe link width in lanes: link=current as trained now, link=max possible.",
     "gpufleet_gpu_xid_errors_total": (
         "NVRM: Xid lines in the kernel log since boot (all GPUs); absent when the kernel log cannot be read."
+    ),
+    "gpufleet_gpu_xid_code_errors_total": (
+        "NVRM: Xid lines of one Xid code since boot, by GPU (gpu empty: a PCI address no GPU of nvidia-smi has)."
     ),
     "gpufleet_gpu_collector_success": "1 when nvidia-smi answered, 0 when it failed (error in the journal).",
     "gpufleet_gpu_collector_last_run_timestamp_seconds": "Unix time of the collector's last run.",
@@ -136,6 +174,7 @@ def parse_gpu_csv(text):
         total = parse_number(c["memory.total"])
         ecc_c = parse_number(c["ecc.errors.corrected.volatile.total"])
         ecc_u = parse_number(c["ecc.errors.uncorrected.volatile.total"])
+        mask = c["clocks_event_reasons.active"]
         gpus.append(
             {
                 "index": c["index"],
@@ -148,9 +187,28 @@ def parse_gpu_csv(text):
                 "power": parse_number(c["power.draw"]),
                 "ecc_corrected": None if ecc_c is None else int(ecc_c),
                 "ecc_uncorrected": None if ecc_u is None else int(ecc_u),
+                "pci": pci_address(c["pci.bus_id"]),
+                "remap_pending": yes_no(c["remapped_rows.pending"]),
+                "remap_failure": yes_no(c["remapped_rows.failure"]),
+                "clock_events": int(mask, 16) if re.fullmatch(r"0x[0-9A-Fa-f]+", mask) else None,
+                "pcie_gen": (parse_number(c["pcie.link.gen.current"]), parse_number(c["pcie.link.gen.max"])),
+                "pcie_width": (parse_number(c["pcie.link.width.current"]), parse_number(c["pcie.link.width.max"])),
             }
         )
     return gpus
+
+
+def yes_no(value):
+    """1 for nvidia-smi's ``Yes``, 0 for ``No``, None for what it has no value for (``[N/A]``)."""
+    return {"Yes": 1, "No": 0}.get(value.strip())
+
+
+def pci_address(bus_id):
+    """``00000000:3B:00.0`` (nvidia-smi's pci.bus_id) as the kernel module's Xid lines name it: ``0000:3b:00``."""
+    m = re.fullmatch(r"([0-9A-Fa-f]+):([0-9A-Fa-f]+):([0-9A-Fa-f]+)(?:\.[0-9A-Fa-f]+)?", bus_id.strip())
+    if not m:
+        return None
+    return f"{int(m.group(1), 16):04x}:{int(m.group(2), 16):02x}:{int(m.group(3), 16):02x}"
 
 
 def parse_apps_csv(text):
@@ -227,9 +285,25 @@ def count_xid(text):
     return sum(1 for line in text.splitlines() if XID_MARK in line)
 
 
+def xid_codes(text):
+    """{(PCI address, code): lines} of the kernel log's Xid lines (address as pci_address gives it)."""
+    counts = {}
+    for match in XID_LINE.finditer(text):
+        domain, bus, device = match.group(1).split(":")
+        key = (f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(device, 16):02x}", int(match.group(2)))
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 def read_xid_errors(run=subprocess.run):
-    """Xid lines in the kernel log since boot, or None when it cannot be read (no journalctl, an error, no
-    permission, no journal: nothing at all since boot): then the metric is left out rather than reported as 0."""
+    """Xid lines in the kernel log since boot, or None when it cannot be read (read_kernel_log)."""
+    text = read_kernel_log(run)
+    return None if text is None else count_xid(text)
+
+
+def read_kernel_log(run=subprocess.run):
+    """The kernel log since boot, or None when it cannot be read (no journalctl, an error, no permission, no
+    journal: nothing at all since boot): then the Xid metrics are left out rather than reported as 0."""
     try:
         done = run(
             JOURNAL_KERNEL, capture_output=True, text=True, errors="replace", timeout=COMMAND_TIMEOUT_S, check=False
@@ -244,7 +318,7 @@ def read_xid_errors(run=subprocess.run):
             f"gpufleet_gpu_metrics: journalctl -k exited {done.returncode} ({said}); Xid metric left out\n"
         )
         return None
-    return count_xid(done.stdout)
+    return done.stdout
 
 
 # --------------------------------------------------------------------------- output
@@ -260,10 +334,10 @@ def _value(number):
     return repr(number) if isinstance(number, float) else str(number)
 
 
-def render(gpus, engine_bytes, xid_errors, timestamp):
+def render(gpus, engine_bytes, xid_errors, timestamp, xids=None):
     """The textfile's content. ``gpus``: from :func:`parse_gpu_csv`, or None when nvidia-smi failed (then only
     the success and timestamp metrics). ``engine_bytes``: from :func:`engine_memory`. ``xid_errors``: int or
-    None (left out)."""
+    None (left out). ``xids``: from :func:`xid_codes` (None: the kernel log was not read)."""
     samples = {name: [] for name in FAMILIES}
 
     def add(metric, value, gpu=None, extra=None):
@@ -286,8 +360,22 @@ def render(gpus, engine_bytes, xid_errors, timestamp):
         add("gpufleet_gpu_power_watts", gpu["power"], gpu)
         add("gpufleet_gpu_ecc_errors_corrected_total", gpu["ecc_corrected"], gpu)
         add("gpufleet_gpu_ecc_errors_uncorrected_total", gpu["ecc_uncorrected"], gpu)
+        add("gpufleet_gpu_remapped_rows_pending", gpu.get("remap_pending"), gpu)
+        add("gpufleet_gpu_remapped_rows_failure", gpu.get("remap_failure"), gpu)
+        if gpu.get("clock_events") is not None:
+            for reason, bit in CLOCK_EVENT_REASONS.items():
+                add("gpufleet_gpu_clock_event_active", 1 if gpu["clock_events"] & bit else 0, gpu, {"reason": reason})
+        for which, gen, width in zip(
+            ("current", "max"), gpu.get("pcie_gen", ()), gpu.get("pcie_width", ()), strict=True
+        ):
+            add("gpufleet_gpu_pcie_link_generation", gen, gpu, {"link": which})
+            add("gpufleet_gpu_pcie_link_width", width, gpu, {"link": which})
     if gpus is not None:
         add("gpufleet_gpu_xid_errors_total", xid_errors)
+        by_pci = {g.get("pci"): g for g in gpus}
+        for (pci, code), count in sorted((xids or {}).items()):
+            gpu = by_pci.get(pci, {"index": ""})
+            add("gpufleet_gpu_xid_code_errors_total", count, gpu, {"code": str(code)})
     add("gpufleet_gpu_collector_success", 0 if gpus is None else 1)
     add("gpufleet_gpu_collector_last_run_timestamp_seconds", round(float(timestamp), 3))
 
@@ -345,7 +433,10 @@ def collect(nvidia_smi, engine_units, proc_root="/proc", run=subprocess.run, now
         sys.stderr.write(f"gpufleet_gpu_metrics: {exc}\n")
         return render(None, None, None, now())
     engine = engine_pids([a["pid"] for a in apps], engine_units, proc_root)
-    return render(gpus, engine_memory(gpus, apps, engine), read_xid_errors(run), now())
+    kernel_log = read_kernel_log(run)
+    xids = None if kernel_log is None else xid_codes(kernel_log)
+    count = None if kernel_log is None else count_xid(kernel_log)
+    return render(gpus, engine_memory(gpus, apps, engine), count, now(), xids)
 
 
 def main(argv=None):

@@ -8,6 +8,7 @@ through the production parser (plugins/module_utils/nvidia_smi_parse.py).
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import re
@@ -511,6 +512,14 @@ METRICS_FIELDS = re.search(r"^Q = `([^`]+)`", (METRICS_CAPTURES / "README.md").r
 MACHINE_COLUMNS = {"uuid", "temperature.gpu", "temperature.memory", "power.draw", "clocks.sm"}
 
 
+_spec = importlib.util.spec_from_file_location(
+    "gpufleet_gpu_metrics", REPO / "roles/node_exporter/files/gpufleet_gpu_metrics.py"
+)
+_gm = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_gm)
+METRICS_SCRIPT_FIELDS = list(_gm.GPU_FIELDS)
+
+
 def metrics_capture(name):
     return (METRICS_CAPTURES / name).read_text(encoding="utf-8")
 
@@ -555,16 +564,31 @@ def test_metrics_fields_with_and_without_units_agree(smi):
 
 
 def test_script_metrics_query_on_the_sim_is_the_real_nounits_shape(smi):
-    """node_exporter's gpufleet_gpu_metrics.py query: the simulated H200 prints what the real one printed."""
-    fields = (
-        "index,uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw,"
-        "ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total"
+    """node_exporter's gpufleet_gpu_metrics.py query: the simulated H200 prints what the real one printed (the
+    link's maximum, which the real 1x capture did not query, as the real 2x H200's -q gives it: Gen5 x16)."""
+    fields = METRICS_SCRIPT_FIELDS
+    sim = smi("h200x1-vm", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits").stdout
+    assert sim == (
+        "0, GPU-c0345594-416e-e0e4-2789-de58435583a0, NVIDIA H200, 0, 0, 143771, 33, 75.36, 0, 0, 00000000:00:06.0, "
+        "No, No, 0x0000000000000001, 5, 5, 16, 16\n"
     )
-    sim = smi("h200x1-vm", f"--query-gpu={fields}", "--format=csv,noheader,nounits").stdout
-    assert sim == "0, GPU-c0345594-416e-e0e4-2789-de58435583a0, NVIDIA H200, 0, 0, 143771, 33, 75.36, 0, 0\n"
     real_row = metrics_capture("query-metrics-idle-nounits.csv").strip().split(", ")
     real = dict(zip(METRICS_FIELDS.split(","), real_row, strict=True))
-    assert shape(sim.strip()) == shape(", ".join(real[f] for f in fields.split(",")))
+    sim_cells = dict(zip(fields, sim.strip().split(", "), strict=True))
+    assert {f: shape(sim_cells[f]) for f in real if f in sim_cells} == {f: shape(real[f]) for f in real if f in fields}
+
+
+def test_a_planted_gpu_fault_is_answered_by_the_query_and_by_q(smi, tmp_path):
+    """The profile's ``q`` key: a row remapping pending and failed, the link trained at x8."""
+    planted = {"Remapped Rows / Pending": "Yes", "Remapped Rows / Remapping Failure Occurred": "Yes",
+               "PCI / GPU Link Info / Link Width / Current": "8x"}  # fmt: skip
+    profile = profile_copy(tmp_path, "h200x1-vm", q=planted)
+    fields = "remapped_rows.pending,remapped_rows.failure,pcie.link.width.current,pcie.link.width.max"
+    out = smi("h200x1-vm", f"--query-gpu={fields}", "--format=csv,noheader", profile_dir=profile).stdout
+    assert out == "Yes, Yes, 8, 16\n"
+    q = smi("h200x1-vm", "-q", profile_dir=profile).stdout
+    assert re.search(r"Remapped Rows\n(.*\n)*?\s+Pending\s+: Yes\n\s+Remapping Failure Occurred\s+: Yes\n", q)
+    assert re.search(r"Link Width\n\s+Max\s+: 16x\n\s+Current\s+: 8x\n", q)
 
 
 def test_field_aliases_print_the_canonical_header(smi):

@@ -48,10 +48,18 @@ METRICS = {
     "gpufleet_gpu_power_watts": "gauge",
     "gpufleet_gpu_ecc_errors_corrected_total": "counter",
     "gpufleet_gpu_ecc_errors_uncorrected_total": "counter",
+    "gpufleet_gpu_remapped_rows_pending": "gauge",
+    "gpufleet_gpu_remapped_rows_failure": "gauge",
+    "gpufleet_gpu_clock_event_active": "gauge",
+    "gpufleet_gpu_pcie_link_generation": "gauge",
+    "gpufleet_gpu_pcie_link_width": "gauge",
     "gpufleet_gpu_xid_errors_total": "counter",
+    "gpufleet_gpu_xid_code_errors_total": "counter",
     "gpufleet_gpu_collector_success": "gauge",
     "gpufleet_gpu_collector_last_run_timestamp_seconds": "gauge",
 }
+# The health cells of a --query-gpu line (pci.bus_id .. pcie.link.width.max) as the idle H200 printed them.
+HEALTH = ", 00000000:00:06.0, No, No, 0x0000000000000001, 5, 5, 16, 16"
 # Real kernel-log lines (journalctl -k -o cat): Xid reports and other NVRM lines that are not Xids.
 KERNEL_LOG = """\
 nvidia-nvlink: Nvlink Core is being initialized, major device number 234
@@ -87,9 +95,19 @@ def cells(line):
     return [c.strip() for c in line.split(",")]
 
 
+def link_max_from_q():
+    """The PCIe link's maximum generation and width, which the 1x H200 captures did not query: from the real
+    ``nvidia-smi -q`` of a 2x H200 VM (the same GPU, the lab's h200x2-vm capture), PCI > GPU Link Info > Max."""
+    text = (PROFILES / "h200x2-vm" / "captures" / "nvidia-smi-q.txt").read_text()
+    gen = re.search(r"PCIe Generation\n\s+Max\s+: (\d+)", text).group(1)
+    width = re.search(r"Link Width\n\s+Max\s+: (\d+)x", text).group(1)
+    return {"pcie.link.gen.max": gen, "pcie.link.width.max": width}
+
+
 def project(row, fields, wanted):
-    """The nounits line nvidia-smi prints for ``wanted`` from a row queried with ``fields``."""
-    by_name = dict(zip(fields, row, strict=True))
+    """The nounits line nvidia-smi prints for ``wanted`` from a row queried with ``fields`` (and the link maximum
+    from link_max_from_q where ``fields`` lacks it)."""
+    by_name = link_max_from_q() | dict(zip(fields, row, strict=True))
     return ", ".join(by_name[f] for f in wanted) + "\n"
 
 
@@ -128,7 +146,7 @@ def test_captures_are_copied_with_their_readme():
         assert (CAPTURES / name).is_file(), name
     fields = readme_fields()
     assert len(fields) == 27
-    assert set(gm.GPU_FIELDS) <= set(fields)
+    assert set(gm.GPU_FIELDS) - set(fields) == set(link_max_from_q())
     for name in ("query-metrics-idle.csv", "query-metrics-busy.csv"):
         header, row = capture(name).splitlines()
         assert len(cells(header)) == len(cells(row)) == len(fields)
@@ -149,8 +167,11 @@ def test_nounits_is_the_units_capture_without_units():
             assert re.fullmatch(r"\d+\.\d\d", bare) and re.fullmatch(r"\d+\.\d\d W", with_units)
         else:
             assert strip_units(with_units) == bare, field
-    assert idle_gpu_line() == f"0, {H200_UUID}, NVIDIA H200, 0, 0, 143771, 39, 114.79, 0, 0\n"
-    assert busy_gpu_line() == f"0, {H200_UUID}, NVIDIA H200, 100, 1139, 143771, 63, 691.93, 0, 0\n"
+    health = "00000000:00:06.0, No, No, 0x00000000000000{}, 5, 5, 16, 16"
+    assert idle_gpu_line() == f"0, {H200_UUID}, NVIDIA H200, 0, 0, 143771, 39, 114.79, 0, 0, {health.format('01')}\n"
+    assert (
+        busy_gpu_line() == f"0, {H200_UUID}, NVIDIA H200, 100, 1139, 143771, 63, 691.93, 0, 0, {health.format('04')}\n"
+    )
     assert busy_apps_line() == f"446, 1130, {H200_UUID}\n"
 
 
@@ -170,6 +191,14 @@ def test_parse_gpu_csv_idle_capture():
             "power": 114.79,
             "ecc_corrected": 0,
             "ecc_uncorrected": 0,
+            # the H200 in its VM: PCI address as the kernel's Xid lines write it, no row remapping pending or
+            # failed, clocks down for idleness only (0x1), PCIe Gen5 x16 of Gen5 x16
+            "pci": "0000:00:06",
+            "remap_pending": 0,
+            "remap_failure": 0,
+            "clock_events": 0x1,
+            "pcie_gen": (5.0, 5.0),
+            "pcie_width": (16.0, 16.0),
         }
     ]
 
@@ -180,6 +209,7 @@ def test_parse_gpu_csv_busy_capture():
     assert gpu["memory_used_bytes"] == 1139 * MIB
     assert gpu["temperature"] == 63.0
     assert gpu["power"] == 691.93
+    assert gpu["clock_events"] == 0x4  # the software power cap under load (692 W of 700)
 
 
 def test_parse_gpu_csv_tolerates_units():
@@ -199,12 +229,14 @@ def test_parse_apps_csv_busy_capture_and_no_process():
 @pytest.mark.parametrize("na", ["[N/A]", "[Not Supported]", "[Unknown Error]", "[GPU requires reset]"])
 def test_values_nvidia_smi_does_not_have_are_left_out(na):
     text = (
-        f"0, GPU-a, NVIDIA H200, 5, 100, 143771, 40, 120.50, {na}, {na}\n"
-        f"1, GPU-b, NVIDIA GeForce RTX 4090, {na}, {na}, 24564, {na}, {na}, {na}, {na}\n"
+        f"0, GPU-a, NVIDIA H200, 5, 100, 143771, 40, 120.50, {na}, {na}{HEALTH}\n"
+        f"1, GPU-b, NVIDIA GeForce RTX 4090, {na}, {na}, 24564, {na}, {na}, {na}, {na}, 00000000:3B:00.0, "
+        f"{na}, {na}, {na}, {na}, {na}, {na}, {na}\n"
     )
     a, b = gm.parse_gpu_csv(text)
     assert a["ecc_corrected"] is None and a["ecc_uncorrected"] is None and a["utilization"] == 0.05
     assert b["utilization"] is b["memory_used_bytes"] is b["temperature"] is b["power"] is None
+    assert b["remap_pending"] is b["remap_failure"] is b["clock_events"] is None and b["pcie_gen"] == (None, None)
     out = gm.render([a, b], {"0": 0, "1": 0}, 0, 1.0)
     samples = parse_exposition(out)
     assert not any(name.startswith("gpufleet_gpu_ecc_errors") for name, _, _ in samples)
@@ -225,7 +257,7 @@ def test_malformed_output_is_an_error():
 
 
 def test_a_product_name_with_a_comma_and_label_escaping():
-    (gpu,) = gm.parse_gpu_csv('3, GPU-x, Odd "GPU", rev \\2, 0, 0, 10, 30, 50.00, 0, 0\n')
+    (gpu,) = gm.parse_gpu_csv(f'3, GPU-x, Odd "GPU", rev \\2, 0, 0, 10, 30, 50.00, 0, 0{HEALTH}\n')
     assert gpu["index"] == "3" and gpu["name"] == 'Odd "GPU", rev \\2' and gpu["memory_total_bytes"] == 10 * MIB
     out = gm.render([gpu], {}, None, 5.0)
     assert 'gpufleet_gpu_info{gpu="3",uuid="GPU-x",name="Odd \\"GPU\\", rev \\\\2"} 1\n' in out
@@ -292,7 +324,7 @@ def test_busy_capture_memory_is_split_into_engine_and_foreign(tmp_path):
 
 
 def test_foreign_memory_is_never_negative_and_unknown_gpus_are_ignored():
-    gpus = gm.parse_gpu_csv("0, GPU-a, NVIDIA H200, 0, 100, 143771, 30, 80.00, 0, 0\n")
+    gpus = gm.parse_gpu_csv(f"0, GPU-a, NVIDIA H200, 0, 100, 143771, 30, 80.00, 0, 0{HEALTH}\n")
     apps = gm.parse_apps_csv("7, 150, GPU-a\n8, 20, GPU-gone\n")  # a row for a GPU the first query missed
     held = gm.engine_memory(gpus, apps, {7, 8})
     assert held == {"0": 150 * MIB}
@@ -378,7 +410,9 @@ def test_collect_busy_host(tmp_path):
         [
             "nvidia-smi",
             "--query-gpu=index,uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw,"
-            "ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total",
+            "ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total,pci.bus_id,"
+            "remapped_rows.pending,remapped_rows.failure,clocks_event_reasons.active,pcie.link.gen.current,"
+            "pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max",
             "--format=csv,noheader,nounits",
         ],
         ["nvidia-smi", "--query-compute-apps=pid,used_memory,gpu_uuid", "--format=csv,noheader,nounits"],
@@ -395,7 +429,31 @@ def test_collect_busy_host(tmp_path):
         'gpufleet_gpu_power_watts{gpu="0"} 691.93',
         'gpufleet_gpu_ecc_errors_corrected_total{gpu="0"} 0',
         'gpufleet_gpu_ecc_errors_uncorrected_total{gpu="0"} 0',
+        'gpufleet_gpu_remapped_rows_pending{gpu="0"} 0',
+        'gpufleet_gpu_remapped_rows_failure{gpu="0"} 0',
+        *[
+            f'gpufleet_gpu_clock_event_active{{gpu="0",reason="{reason}"}} {int(reason == "sw_power_cap")}'
+            for reason in (
+                "gpu_idle",
+                "applications_clocks_setting",
+                "sw_power_cap",
+                "hw_slowdown",
+                "sync_boost",
+                "sw_thermal_slowdown",
+                "hw_thermal_slowdown",
+                "hw_power_brake_slowdown",
+                "display_clock_setting",
+            )
+        ],  # fmt: skip
+        'gpufleet_gpu_pcie_link_generation{gpu="0",link="current"} 5',
+        'gpufleet_gpu_pcie_link_generation{gpu="0",link="max"} 5',
+        'gpufleet_gpu_pcie_link_width{gpu="0",link="current"} 16',
+        'gpufleet_gpu_pcie_link_width{gpu="0",link="max"} 16',
         "gpufleet_gpu_xid_errors_total 3",
+        # the H200 at 0000:00:06 logged Xid 31 and 119; 0000:3b:00 (79) is no GPU of this nvidia-smi
+        'gpufleet_gpu_xid_code_errors_total{gpu="0",code="31"} 1',
+        'gpufleet_gpu_xid_code_errors_total{gpu="0",code="119"} 1',
+        'gpufleet_gpu_xid_code_errors_total{gpu="",code="79"} 1',
         "gpufleet_gpu_collector_success 1",
         "gpufleet_gpu_collector_last_run_timestamp_seconds 1765000000.25",
     ]
@@ -490,10 +548,12 @@ def parse_exposition(text):
 
 def test_every_output_parses_as_prometheus_text():
     gpus = gm.parse_gpu_csv(busy_gpu_line()) + gm.parse_gpu_csv(
-        "1, GPU-b, NVIDIA H200, 0, 0, 143771, 33, 75.36, [N/A], [N/A]\n"
+        "1, GPU-b, NVIDIA H200, 0, 0, 143771, 33, 75.36, [N/A], [N/A], 00000000:3B:00.0, Yes, Yes, 0x0000000000000048, "
+        "5, 5, 8, 16\n"
     )
     for text in (
         gm.render(gpus, {"0": 1130 * MIB}, 3, 1765000000.123),
+        gm.render(gpus, {"0": 1130 * MIB}, 3, 1765000000.123, gm.xid_codes(KERNEL_LOG)),
         gm.render(gpm := gm.parse_gpu_csv(idle_gpu_line()), gm.engine_memory(gpm, [], set()), None, 1.0),
         gm.render(None, None, None, 1765000000.0),
     ):
@@ -505,7 +565,7 @@ def test_every_output_parses_as_prometheus_text():
 
 
 def test_gpus_are_in_numeric_order():
-    text = "".join(f"{i}, GPU-{i}, NVIDIA H200, 0, 0, 143771, 30, 80.00, 0, 0\n" for i in (10, 2, 0, 1))
+    text = "".join(f"{i}, GPU-{i}, NVIDIA H200, 0, 0, 143771, 30, 80.00, 0, 0{HEALTH}\n" for i in (10, 2, 0, 1))
     out = gm.render(gm.parse_gpu_csv(text), {}, 0, 1.0)
     assert re.findall(r'^gpufleet_gpu_info\{gpu="(\d+)"', out, re.M) == ["0", "1", "2", "10"]
 
@@ -695,3 +755,30 @@ def test_end_to_end_gpu_without_ecc(host, tmp_path):
     names = {n for n, _, _ in samples}
     assert not {"gpufleet_gpu_ecc_errors_corrected_total", "gpufleet_gpu_ecc_errors_uncorrected_total"} & names
     assert "gpufleet_gpu_power_watts" in names
+
+
+def test_a_sick_gpu_names_its_fault():
+    """Row remapping pending and failed, the clocks held down by hardware slowdown for heat (0x8 | 0x40), the link
+    trained at x8 of x16, and Xid codes by GPU (MIG's GPU-I form included)."""
+    (gpu,) = gm.parse_gpu_csv(
+        "1, GPU-b, NVIDIA H200, 97, 1200, 143771, 95, 600.00, 0, 2, 00000000:3B:00.0, Yes, Yes, 0x0000000000000048, "
+        "5, 5, 8, 16\n"
+    )
+    kernel = (
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=2718, name=python3, GPU has fallen off the bus.\n"
+        "NVRM: Xid (PCI:0000:3B:00 GPU-I:01): 94, pid=12, name=python3, Contained: SM (0x1). RST: No\n"
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=2718, name=python3, GPU has fallen off the bus.\n"
+    )
+    assert gm.xid_codes(kernel) == {("0000:3b:00", 79): 2, ("0000:3b:00", 94): 1}
+    samples = parse_exposition(gm.render([gpu], {}, 3, 1.0, gm.xid_codes(kernel)))
+    values = {(name, tuple(sorted(labels.items()))): value for name, labels, value in samples}
+    g = (("gpu", "1"),)
+    assert values[("gpufleet_gpu_remapped_rows_pending", g)] == 1
+    assert values[("gpufleet_gpu_remapped_rows_failure", g)] == 1
+    active = {dict(k[1])["reason"] for k, v in values.items() if k[0] == "gpufleet_gpu_clock_event_active" and v}
+    assert active == {"hw_slowdown", "hw_thermal_slowdown"}
+    assert values[("gpufleet_gpu_pcie_link_width", (("gpu", "1"), ("link", "current")))] == 8
+    assert values[("gpufleet_gpu_pcie_link_width", (("gpu", "1"), ("link", "max")))] == 16
+    assert values[("gpufleet_gpu_xid_code_errors_total", (("code", "79"), ("gpu", "1")))] == 2
+    assert values[("gpufleet_gpu_xid_code_errors_total", (("code", "94"), ("gpu", "1")))] == 1
+    assert values[("gpufleet_gpu_temperature_celsius", g)] == 95
