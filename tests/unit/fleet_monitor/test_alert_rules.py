@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 RULES = REPO / "roles" / "fleet_monitor" / "files" / "rules" / "gpufleet-alerts.yml"
 THRESHOLDS = sorted(HERE.glob("thresholds.*.yml"))
 TESTS = sorted(HERE.glob("*.test.yml"))
-SEVERITIES = {"critical", "warning"}
+SEVERITIES = {"critical", "warning", "none"}  # none: the heartbeat GpufleetWatchdog only (no person is paged)
 # libyaml where PyYAML has it: the removal check loads and writes the files two dozen times
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -183,6 +183,7 @@ def test_every_rule_earns_its_place(promtool, tmp_path):
 def test_alert_has_severity_summary_description_runbook(rule):
     assert re.fullmatch(r"Gpufleet(?:[A-Z][A-Za-z0-9]*)+", rule["alert"]), rule["alert"]
     assert rule.get("labels", {}).get("severity") in SEVERITIES, rule.get("labels")
+    assert (rule["labels"]["severity"] == "none") == (rule["alert"] == "GpufleetWatchdog"), rule["alert"]
     for key in ANNOTATIONS:
         text = rule.get("annotations", {}).get(key, "")
         assert text.strip(), f"{rule['alert']}: no {key} annotation"

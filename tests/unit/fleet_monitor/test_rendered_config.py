@@ -92,7 +92,20 @@ def test_rendered_files_are_what_prometheus_reads(tmp_path):
     assert blackbox["fail_if_body_not_matches_regexp"] == ["(?i)\\bparis\\b"]
     assert "k-123" not in "".join((out / f).read_text() for f in FILES)  # the key only in its own file
     am = yaml.safe_load((out / "alertmanager.yml").read_text())
-    assert am["receivers"][0]["webhook_configs"][0]["url"] == "https://hooks.example/a"
+    receivers = {r["name"]: r for r in am["receivers"]}
+    assert receivers["gpufleet"]["webhook_configs"][0]["url"] == "https://hooks.example/a"
+    # the heartbeat goes to the dead man's switch only, every minute; with no URL it has no receiver outside
+    assert am["route"]["routes"] == [{"matchers": ['alertname="GpufleetWatchdog"'], "receiver": "heartbeat",
+                                      "group_wait": "0s", "group_interval": "1m", "repeat_interval": "1m"}]  # fmt: skip
+    assert "webhook_configs" not in receivers["heartbeat"]
+    (tmp_path / "beat").mkdir()
+    beat = yaml.safe_load(
+        (
+            render(tmp_path / "beat", fleet_monitor_heartbeat_url="https://hc.example/ping/x") / "alertmanager.yml"
+        ).read_text()
+    )
+    assert beat["receivers"][0] == {"name": "heartbeat", "webhook_configs": [{"url": "https://hc.example/ping/x",
+                                                                             "send_resolved": False}]}  # fmt: skip
 
 
 def test_alerts_fire_against_the_rendered_thresholds(tmp_path):
