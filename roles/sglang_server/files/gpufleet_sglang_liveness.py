@@ -401,6 +401,12 @@ def load_state(path: str) -> dict:
         return new_state()
 
 
+def number(value) -> str:
+    """A sample value in full (a Unix time keeps its seconds: ``%g`` would round it to 6 digits)."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() else repr(round(value, 3))
+
+
 def render_metrics(state: dict, config: dict) -> str:
     unit = config["unit"]
     rows = [
@@ -419,7 +425,7 @@ def render_metrics(state: dict, config: dict) -> str:
     lines = []
     for name, kind, helptext, value in rows:
         lines += [f"# HELP gpufleet_liveness_{name} {helptext}", f"# TYPE gpufleet_liveness_{name} {kind}",
-                  f'gpufleet_liveness_{name}{{unit="{unit}"}} {value:g}']  # fmt: skip
+                  f'gpufleet_liveness_{name}{{unit="{unit}"}} {number(value)}']  # fmt: skip
     lines += ["# HELP gpufleet_liveness_phase What liveness sees (1 for the current phase).",
               "# TYPE gpufleet_liveness_phase gauge"]  # fmt: skip
     lines += [

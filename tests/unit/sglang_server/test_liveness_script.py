@@ -212,7 +212,7 @@ def test_the_bundle_keeps_what_maintainers_ask_for_with_the_secrets_redacted(tmp
 def test_the_metrics_say_what_it_sees(tmp_path):
     cfg = config(tmp_path)
     state = live.new_state() | {"phase": "gave_up", "gave_up": True, "failures": 3, "restarts": [1.0, 2.0]}
-    state |= {"restarts_total": 5, "last_round": 7.0}
+    state |= {"restarts_total": 5, "last_round": 7.0, "last_probe": 1765000123.4567}
     text = live.render_metrics(state, cfg)
     values = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
     u = 'unit="sglang-server.service"'
@@ -221,6 +221,8 @@ def test_the_metrics_say_what_it_sees(tmp_path):
     assert values[f"gpufleet_liveness_restarts_in_window{{{u}}}"] == "2"
     assert values[f"gpufleet_liveness_restarts_total{{{u}}}"] == "5"
     assert values[f"gpufleet_liveness_last_round_timestamp_seconds{{{u}}}"] == "7"
+    # a Unix time in full (GpufleetLivenessNotRunning compares it with time(); %g kept 6 digits: 1.765e+09)
+    assert values[f"gpufleet_liveness_last_probe_timestamp_seconds{{{u}}}"] == "1765000123.457"
     assert values[f'gpufleet_liveness_phase{{{u},phase="gave_up"}}'] == "1"
     assert values[f'gpufleet_liveness_phase{{{u},phase="ok"}}'] == "0"
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
+from pathlib import Path
 
 import pytest
 from sglang_sim import faults
@@ -104,3 +107,32 @@ def test_hang_after_ready_at_runtime(make_sim, tmp_path):
     with pytest.raises(TimeoutError):
         s.post("/v1/chat/completions", PARIS_Q, timeout=1.5)
     assert "hang-after-ready (runtime fault): the scheduler stops producing tokens" in s.log()
+
+
+def test_a_stopped_scheduler_stops_every_token_until_it_goes_on(make_sim):
+    """SGLang 0.5.9 makes every token in its scheduler processes, the TP ranks in lockstep: SIGSTOP of one rank's
+    scheduler leaves the main process answering HTTP while no request gets a token; SIGCONT lets them go on."""
+    s = make_sim().wait_ready()
+    assert answer(s).endswith("The capital of France is Paris.")
+    cmdlines = {pid: Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ") for pid in s.children()}
+    rank0 = [pid for pid, cmd in cmdlines.items() if "sglang_sim.scheduler --tp-rank 0" in cmd]
+    assert len(rank0) == 1, cmdlines
+    os.kill(rank0[0], signal.SIGSTOP)
+    done = {}
+
+    def ask() -> None:
+        r = s.post("/v1/chat/completions", PARIS_Q, timeout=120)
+        done["text"] = r.json()["choices"][0]["message"]["content"]
+
+    try:
+        t = threading.Thread(target=ask, daemon=True)
+        t.start()
+        t.join(8)  # the answer takes well under a second on a server whose ranks all run
+        assert "text" not in done
+        assert f"TP rank 0's scheduler (pid {rank0[0]}) is stopped: no token for any request" in s.log()
+        assert s.get("/get_model_info", timeout=5).status == 200  # the main process itself answers
+    finally:
+        os.kill(rank0[0], signal.SIGCONT)
+    t.join(60)
+    assert done["text"].endswith("The capital of France is Paris.")
+    assert f"TP rank 0's scheduler (pid {rank0[0]}) runs again" in s.log()

@@ -128,6 +128,7 @@ class Child:
         self.status: str | None = None
         self.error: str | None = None
         self.dead_since: float | None = None
+        self.silent = False  # seen stopped (App.rank_silence)
 
     @property
     def pid(self) -> int:
@@ -205,6 +206,8 @@ class App:
             page_size=self.page_size,
             decode_log_interval=int(args.decode_log_interval or 40),
         )
+        self._silence_read_at, self._silence = 0.0, None
+        self.engine.rank_silence = self.rank_silence
         # TokenizerManager.server_status of 0.5.9: Starting -> Up (warm-up done / health check passed),
         # UnHealthy after a failed health check
         self.server_status = "Starting"
@@ -527,6 +530,32 @@ class App:
         assert child.popen.stdout is not None
         for line in child.popen.stdout:
             self.events.put((child, line.strip()))
+
+    def rank_silence(self) -> int | None:
+        """The TP rank of a ready scheduler process that is stopped (SIGSTOP, a debugger: state T or t in
+        /proc/<pid>/stat), else None. In SGLang 0.5.9 every token comes out of the scheduler processes
+        (Scheduler.event_loop_normal: recv_requests, run_batch, process_batch_result -> the detokenizer) and the
+        TP ranks run in lockstep through NCCL collectives: one stopped rank stops every request while the main
+        process goes on answering HTTP. Read at most every 0.1 s."""
+        now = time.monotonic()
+        if now - self._silence_read_at < 0.1:
+            return self._silence
+        self._silence_read_at, silent = now, None
+        for c in self.schedulers():
+            try:
+                with open(f"/proc/{c.pid}/stat", encoding="ascii", errors="replace") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            quiet = c.status == "ready" and state in ("T", "t")
+            if quiet != c.silent:  # a simulator line (0.5.9 itself logs nothing: its ranks wait in NCCL)
+                c.silent = quiet
+                log(f"sglang-sim: TP rank {c.rank}'s scheduler (pid {c.pid}) "
+                    + ("is stopped: no token for any request" if quiet else "runs again"))  # fmt: skip
+            if quiet and silent is None:
+                silent = c.rank
+        self._silence = silent
+        return silent
 
     def schedulers(self) -> list[Child]:
         return [c for c in self.children if c.kind == "scheduler"]

@@ -169,6 +169,9 @@ class Engine:
         # Set when a scheduler or the detokenizer died without an exception after start-up: 0.5.9's main
         # process does not notice (no SIGQUIT came), so running and new requests get no more tokens.
         self.stalled = threading.Event()
+        # the TP rank whose scheduler process is stopped (app.App.rank_silence), else None: no request gets a
+        # token meanwhile, and they go on when it runs again
+        self.rank_silence = lambda: None
         # scheduler-side metric state (managers/scheduler_metrics_mixin.py)
         self.metrics = metrics
         self.decode_log_interval = max(1, int(decode_log_interval or 40))
@@ -299,7 +302,7 @@ class Engine:
         """The scheduler's event loop, as far as the metrics see it: decode steps while requests run, the idle
         check otherwise; nothing at all while the scheduler is stuck (hung/stalled)."""
         while True:
-            if self.hung.is_set() or self.stalled.is_set():
+            if self.hung.is_set() or self.stalled.is_set() or self.rank_silence() is not None:
                 time.sleep(0.2)
                 continue
             with self.cond:
@@ -402,6 +405,9 @@ class Engine:
         for i, piece in enumerate(pieces):
             while self.stalled.is_set():  # a dead rank: this request never gets another token
                 time.sleep(0.5)
+            while self.rank_silence() is not None:  # a stopped rank: its peers wait in their collectives
+                time.sleep(0.2)
+                deadline = time.monotonic()
             if i > 0:
                 with self.cond:
                     c = len(self.running)
