@@ -7,6 +7,7 @@ commands' test; here the faults.
   stopped engine  SIGSTOP of the engine's main process (its HTTP server and tokenizer manager, as in SGLang 0.5.9):
                   the unit stays active and /health no longer answers; liveness keeps an incident bundle with a
                   py-spy stack dump of every process and restarts the unit; it serves again with no person
+  stopped rank    SIGSTOP of one TP rank's scheduler: HTTP answers, no token comes; restarted the same way
   crash loop      with sglang_server_liveness_max_restarts: 1, a second hang in the window is left as it is: the
                   metric says it gave up, the journal says why, the hung unit is not restarted; an answer ends it
   paused          while a rollout's lock is on the host nothing is restarted; its removal resumes liveness
@@ -202,6 +203,25 @@ def test_a_stopped_engine_is_restarted_by_liveness_and_serves_again(host):
     metrics = sh(f"cat {METRICS}")
     assert f'gpufleet_liveness_restarts_total{{unit="{UNIT}"}} 1' in metrics
     wait_for("the probe succeeds again", lambda: state().get("phase") == "ok")
+
+
+def test_a_stopped_scheduler_is_restarted_by_liveness_and_serves_again(host):
+    """SIGSTOP of one TP rank's scheduler: the main process answers HTTP, no request gets a token (0.5.9's process
+    model, which the simulator follows); liveness restarts the unit as for a stopped main process."""
+    install_liveness()
+    wait_for("liveness sees a generation", lambda: state().get("phase") == "ok")
+    before = props()
+    rank1 = sh("pgrep -f 'sglang_sim.scheduler --tp-rank 1' || true").split()
+    assert len(rank1) == 1, sh("ps -eo pid,ppid,stat,args")
+    sh(f"kill -STOP {rank1[0]}")
+    t0 = time.monotonic()
+    wait_for("a new start of the unit", lambda: props()["InvocationID"] != before["InvocationID"])
+    wait_for("a generation again", lambda: generates(host))
+    print(f"liveness: SIGSTOP of a scheduler -> serving {time.monotonic() - t0:.1f}s")
+    journal = sh(f"journalctl -u {LIVE_UNIT} --no-pager -o cat")
+    assert "probe failed (3/3): no answer in" in journal, journal
+    stacks = sh(f"cat {state()['last_bundle']}/stacks.txt")
+    assert f"=== pid {rank1[0]}: " in stacks, stacks[:3000]  # the stopped rank's stack is in the bundle
 
 
 def test_a_server_that_keeps_hanging_is_left_after_max_restarts(host):
