@@ -39,6 +39,7 @@ from gpufleet_testinfra import changed_tasks, recap
 from lab_host import on
 
 LAB_STATE = "/var/lib/gpufleet-lab/gpufleet"
+GPU_FACTS_TASK = "gpu_facts : Read GPUs, topology, P2P status and GPU processes (nvidia-smi)]"
 SERVERS = ["gpufleet-01", "gpufleet-02"]
 GATEWAY = "gpufleet-router-01"
 REPORTS = ROOT / "reports/lab"
@@ -88,6 +89,10 @@ def test_make_deploy_runs_every_stage_and_the_readme_curl_answers(lab_hosts):
         assert r["result"] in ("ok", "unchanged") and r["health"]["ok"], r
     answer = json.loads(ok(doc_commands.run(README_CURL), "the README's curl"))
     assert answer["choices"][0]["message"]["content"].strip(), answer
+    # the GPU facts are read once per host per deploy.yml (preflight; the later stages keep them)
+    reads = [t for t in lab_hosts["deploy"].split("TASK [")[1:] if t.startswith(GPU_FACTS_TASK)]
+    for host in SERVERS:
+        assert sum(f"ok: [{host}]" in t or f"changed: [{host}]" in t for t in reads) == 1, reads
     # liveness runs beside each server (on by default) and has seen it generate
     for host in SERVERS:
         state = on(lab_hosts["hosts"][host], "systemctl is-active sglang-server-liveness; "

@@ -174,7 +174,7 @@ def host(tmp_path_factory):
 def test_a_stopped_engine_is_restarted_by_liveness_and_serves_again(host):
     assert shutil.which("curl")
     settings = install_liveness()
-    assert (settings["interval_s"], settings["timeout_s"], settings["failures"]) == (5, 15, 3)  # the role's defaults
+    assert (settings["interval_s"], settings["timeout_s"], settings["failures"]) == (5, 10, 3)  # the role's defaults
     wait_for("liveness sees a generation", lambda: state().get("phase") == "ok")
     before = props()
     pid = engine_main_pid()
@@ -211,7 +211,7 @@ def test_a_stopped_scheduler_is_restarted_by_liveness_and_serves_again(host):
     install_liveness()
     wait_for("liveness sees a generation", lambda: state().get("phase") == "ok")
     before = props()
-    rank1 = sh("pgrep -f 'sglang_sim.scheduler --tp-rank 1' || true").split()
+    rank1 = sh("pgrep -f 'sglang_sim[.]scheduler --tp-rank 1' || true").split()
     assert len(rank1) == 1, sh("ps -eo pid,ppid,stat,args")
     sh(f"kill -STOP {rank1[0]}")
     t0 = time.monotonic()
@@ -254,7 +254,7 @@ def test_a_rollout_lock_on_the_host_pauses_liveness(host):
     stopped = engine_main_pid()
     sh(f"kill -STOP {stopped}")
     rounds = state()["rounds"]
-    # rounds for longer than its failures and a restart would take unpaused (3 x (15 s + 5 s)), every one paused
+    # rounds for longer than its failures and a restart would take unpaused (3 x (10 s + 2 s + 5 s)), all paused
     wait_for("rounds of liveness under the lock", lambda: state()["rounds"] >= rounds + 14)
     s = state()
     assert s["phase"] == "paused" and s["failures"] == 0 and s["restarts_total"] == 0, s

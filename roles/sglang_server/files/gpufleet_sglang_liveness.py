@@ -49,7 +49,7 @@ DEFAULTS = {
     "prompt": "Say OK.",
     "max_tokens": 8,
     "interval_s": 5,
-    "timeout_s": 15,
+    "timeout_s": 10,
     "failures": 3,
     "start_grace_s": 1800,
     "max_restarts": 3,
@@ -182,7 +182,8 @@ def generated_tokens(config: dict, caller=http_call) -> float | None:
     """sglang:generation_tokens_total summed over its series (SGLang's metrics, --enable-metrics); None when /metrics
     does not answer (a stopped main process) or has no such counter."""
     key = read_env_value(config["secrets_file"], "SGLANG_SERVER_API_KEY")
-    status, text = caller(config["base_url"], "GET", "/metrics", float(config["bundle_timeout_s"]), key)
+    # a server that answers HTTP answers /metrics at once; a stopped main process does not: 2 s at most
+    status, text = caller(config["base_url"], "GET", "/metrics", min(2.0, float(config["bundle_timeout_s"])), key)
     if status != 200:
         return None
     values = [
