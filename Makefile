@@ -41,9 +41,11 @@ setup: apt venv collections bench-client promtool
 
 apt:
 	@if ! command -v systemd-nspawn >/dev/null || ! command -v mmdebstrap >/dev/null || ! command -v iptables >/dev/null \
-	    || ! command -v zstd >/dev/null || ! command -v chromium >/dev/null || ! command -v nft >/dev/null; then \
+	    || ! command -v zstd >/dev/null || ! command -v chromium >/dev/null || ! command -v nft >/dev/null \
+	    || ! command -v java >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    systemd-container mmdebstrap iptables nftables iproute2 zstd openssh-client curl >/dev/null \
+	    systemd-container mmdebstrap iptables nftables iproute2 zstd openssh-client curl openjdk-17-jre-headless \
+	    >/dev/null \
 	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; fi
 
 venv:

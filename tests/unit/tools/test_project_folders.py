@@ -20,6 +20,7 @@ CONTROLLER_WORDS = ("role_path", "playbook_dir", "inventory_dir", "_project_dir"
 EXPECTED = {
     "fleet_router_project_dir": ".",
     "fleet_router_wheelhouse": ".cache/smg/wheelhouse",
+    "fleet_remediation_report_dir": "reports/remediation",
     "gpu_facts_report_dir": "reports/gpu_facts",
     "ml_env_locks_dir": "locks",
     "ml_env_lock_dir": "locks/sglang-cu128",

@@ -1,0 +1,160 @@
+"""The collection's rulebook under the real ansible-rulebook (PyPI, Debian's Java 17): Alertmanager's webhook posted
+to the collection's event source runs playbooks/remediate.yml (gpufleet.fleet.remediate) for the alert's host, once
+per host in the throttle's window, not for a resolved alert nor another alert. The hosts are the controller itself
+(local connection) with fleet_remediation_dry_run set in the inventory, as an operator tries the rulebook first; the
+role's refusals and switches run through ansible-playbook. The real restart is the lab's to show."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from role_flags import REPO, local_ansible_env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def inventory(tmp_path: Path, **group_vars) -> Path:
+    hosts = {h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+             for h in ("gpufleet-01", "gpufleet-02")}  # fmt: skip
+    group_vars = {"fleet_remediation_report_dir": str(tmp_path / "reports"), **group_vars}
+    path = tmp_path / "hosts.yml"
+    path.write_text(json.dumps({"all": {"children": {"sglang_servers": {"hosts": hosts, "vars": group_vars}}}}))
+    return path
+
+
+def alert(name: str, host: str, status: str = "firing") -> bytes:
+    labels = {"alertname": name, "instance": f"{host}:9100", "job": "node", "severity": "critical"}
+    body = {"version": "4", "receiver": "gpufleet", "status": status, "groupKey": "{}", "externalURL": "http://mon-01:9093",
+            "groupLabels": {}, "commonLabels": labels, "commonAnnotations": {}, "truncatedAlerts": 0,
+            "alerts": [{"status": status, "labels": labels, "annotations": {}, "startsAt": "2026-12-07T05:00:00Z",
+                        "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": host}]}  # fmt: skip
+    return json.dumps(body).encode()
+
+
+def post(port: int, body: bytes) -> int:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/alerts", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return resp.status
+
+
+def reports(tmp_path: Path, host: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((tmp_path / "reports").glob(f"*-{host}-*.json"))]
+
+
+def wait_for(what: str, check, bound: float, log: Path | None = None):
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"not within {bound}s: {what}\n" + (log.read_text(errors="replace")[-4000:] if log else ""))
+
+
+@pytest.fixture
+def rulebook(tmp_path):
+    assert shutil.which("java"), "ansible-rulebook needs Java 17 (make setup installs openjdk-17-jre-headless)"
+    port = free_port()
+    (tmp_path / "vars.yml").write_text(json.dumps({"remediation_listen_port": port}))
+    log = tmp_path / "rulebook.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(REPO / ".venv/bin/ansible-rulebook"), "-r", "gpufleet.fleet.remediation", "-v",
+             "-i", str(inventory(tmp_path, fleet_remediation_dry_run=True)), "--vars", str(tmp_path / "vars.yml")],
+            cwd=tmp_path, env=local_ansible_env(PATH=f"{REPO / '.venv/bin'}:{os.environ['PATH']}"), stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+
+        def answering():
+            assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5)
+            except urllib.error.HTTPError as err:
+                return err.code == 404  # the event source answers (nothing is served at /)
+            except OSError:
+                return False
+            return False
+
+        wait_for("the rulebook's event source answers", answering, 180, log)  # the JVM and the rules engine first
+        yield port, log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_an_alert_runs_the_remediation_for_its_host_once_in_the_window(rulebook, tmp_path):
+    port, log = rulebook
+    assert post(port, alert("GpufleetLivenessGaveUp", "gpufleet-02")) == 202
+    (first,) = wait_for("gpufleet-02's report", lambda: reports(tmp_path, "gpufleet-02"), 180, log)
+    assert first | {"started": ""} == {"host": "gpufleet-02", "action": "restart", "alert": "GpufleetLivenessGaveUp",
+                                       "dry_run": True, "result": "dry-run", "started": ""}  # fmt: skip
+    # the same alert again within the throttle's 30 minutes, a resolved one, another alert: no run; then another host
+    assert post(port, alert("GpufleetLivenessGaveUp", "gpufleet-02")) == 202
+    assert post(port, alert("GpufleetLivenessGaveUp", "gpufleet-01", status="resolved")) == 202
+    assert post(port, alert("GpufleetGpuHot", "gpufleet-01")) == 202
+    assert post(port, alert("GpufleetLivenessGaveUp", "gpufleet-01")) == 202
+    said = "REMEDIATION (dry run) on gpufleet-01 for GpufleetLivenessGaveUp"
+    wait_for("gpufleet-01's run", lambda: said in log.read_text(errors="replace"), 180, log)
+    # the rulebook's actions run in order (its sequential strategy): a second gpufleet-02 run would have come first
+    assert [r["alert"] for r in reports(tmp_path, "gpufleet-01")] == ["GpufleetLivenessGaveUp"]
+    assert len(reports(tmp_path, "gpufleet-02")) == 1
+
+
+def remediate(tmp_path: Path, *extra: str, **group_vars) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(inventory(tmp_path, **group_vars)),
+         str(REPO / "playbooks/remediate.yml"), "-l", "gpufleet-02", *extra],
+        cwd=REPO, env=local_ansible_env(), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_an_action_turned_off_changes_nothing_and_says_so(tmp_path):
+    proc = remediate(tmp_path, "-e", "fleet_remediation_action=restart", fleet_remediation_restart_enabled=False)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "REMEDIATION TURNED OFF on gpufleet-02" in proc.stdout
+    assert [r["result"] for r in reports(tmp_path, "gpufleet-02")] == ["turned-off"]
+
+
+def test_over_the_rate_limit_it_is_refused_before_any_change(tmp_path):
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    for i in range(2):  # two remediations of the last hour (of any host); a dry run does not count
+        (folder / f"20261207T0500{i}0Z-gpufleet-01-restart.json").write_text("{}")
+    (folder / "20261207T050100Z-gpufleet-01-restart-dry-run.json").write_text("{}")
+    proc = remediate(tmp_path, "-e", "fleet_remediation_action=restart", fleet_remediation_max_per_hour=2)
+    assert proc.returncode != 0
+    assert "REMEDIATION REFUSED before any change on gpufleet-02 (by hand): 2 remediation(s) in the last hour" in (
+        " ".join(proc.stdout.split())
+    ), proc.stdout[-3000:]
+    assert reports(tmp_path, "gpufleet-02") == []
+
+
+def test_an_unknown_action_is_refused_naming_the_variable(tmp_path):
+    proc = remediate(tmp_path, "-e", "fleet_remediation_action=reboot")
+    assert proc.returncode != 0
+    out = " ".join(proc.stdout.split())
+    assert "fleet_remediation_action" in out and "reboot" in out and "restart" in out, out[-3000:]
+
+
+def test_a_run_that_names_no_action_is_refused_naming_the_variable(tmp_path):
+    proc = remediate(tmp_path)
+    assert proc.returncode != 0
+    assert "fleet_remediation_action is not set; the action to take: restart" in " ".join(proc.stdout.split())
