@@ -3,10 +3,28 @@ Chromium, which opens the reports the tests check."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+LAB_DIR = str(Path(__file__).resolve().parents[2] / "lab")
+
+
+def lab_exec(lab: str, host: str, script: str, stdin: bytes | None = None, check: bool = True, timeout: int = 120):
+    """Run a shell script inside host ``host`` of lab ``lab`` through the lab tool (``gpufleet_lab exec``): (rc,
+    stdout). Asserts rc 0 when check."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpufleet_lab", "--name", lab, "exec", host, "--", "bash", "-c", script],
+        input=stdin, capture_output=True, env=dict(os.environ, PYTHONPATH=LAB_DIR), check=False, timeout=timeout,
+    )  # fmt: skip
+    out = proc.stdout.decode(errors="replace")
+    if check:
+        assert proc.returncode == 0, f"{script}: rc {proc.returncode}\n{out}{proc.stderr.decode(errors='replace')}"
+    return proc.returncode, out
 
 
 def on(host: dict, script: str, stdin: str | None = None, check: bool = True) -> str:

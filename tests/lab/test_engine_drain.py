@@ -14,7 +14,6 @@ import http.client
 import json
 import shlex
 import subprocess
-import sys
 import threading
 import time
 
@@ -25,7 +24,7 @@ import simfleet
 from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_drain as server_drain  # noqa: E402
 from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_server_journal as server_journal  # noqa: E402
 from conftest import LAB_ENV, ROOT, lab, lab_json
-from lab_host import health
+from lab_host import health, lab_exec
 
 NAME = "t-drain"
 UNIT = "sglang-server.service"
@@ -88,14 +87,7 @@ def old_unit(role_unit: str) -> str:
 
 
 def sh(script: str, stdin: bytes | None = None, check: bool = True, timeout: int = 120):
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpufleet_lab", "--name", NAME, "exec", HOST, "--", "bash", "-c", script],
-        input=stdin, capture_output=True, env=LAB_ENV, check=False, timeout=timeout,
-    )  # fmt: skip
-    out = proc.stdout.decode(errors="replace")
-    if check:
-        assert proc.returncode == 0, f"{script}: rc {proc.returncode}\n{out}{proc.stderr.decode(errors='replace')}"
-    return proc.returncode, out
+    return lab_exec(NAME, HOST, script, stdin, check, timeout)
 
 
 HOST = f"{NAME}-01"

@@ -23,16 +23,16 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 
 import collection_jinja
 import pytest
 import simfleet
 import yaml
-from conftest import LAB_ENV, ROOT, lab, lab_json
-from lab_host import health
+from conftest import ROOT, lab, lab_json
+from lab_host import health, lab_exec
 from test_engine_drain import KEY, LAUNCHER, render_role_unit
+from waiting import wait_until
 
 NAME = "t-live"
 HOST = f"{NAME}-01"
@@ -48,14 +48,7 @@ BOUND_S = 300
 
 
 def sh(script: str, stdin: bytes | None = None, check: bool = True, timeout: int = 120) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpufleet_lab", "--name", NAME, "exec", HOST, "--", "bash", "-c", script],
-        input=stdin, capture_output=True, env=LAB_ENV, check=False, timeout=timeout,
-    )  # fmt: skip
-    out = proc.stdout.decode(errors="replace")
-    if check:
-        assert proc.returncode == 0, f"{script}: rc {proc.returncode}\n{out}{proc.stderr.decode(errors='replace')}"
-    return out
+    return lab_exec(NAME, HOST, script, stdin, check, timeout)[1]
 
 
 def role_settings(**inventory) -> dict:
@@ -117,14 +110,11 @@ def state() -> dict:
 
 
 def wait_for(what: str, check, bound: float = BOUND_S):
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(1)
-    journal = sh(f"journalctl -u {LIVE_UNIT} -u {UNIT} --no-pager -n 60", check=False)
-    pytest.fail(f"not within {bound}s: {what}; liveness state {state()}\n{journal}")
+    def details() -> str:
+        journal = sh(f"journalctl -u {LIVE_UNIT} -u {UNIT} --no-pager -n 60", check=False)
+        return f"liveness state {state()}\n{journal}"
+
+    return wait_until(what, check, bound, details, poll_s=1)
 
 
 def generates(address: str) -> bool:

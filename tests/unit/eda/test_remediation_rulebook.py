@@ -12,13 +12,13 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 from role_flags import REPO, local_ansible_env
+from waiting import wait_until
 
 
 def free_port() -> int:
@@ -56,13 +56,7 @@ def reports(tmp_path: Path, host: str) -> list[dict]:
 
 
 def wait_for(what: str, check, bound: float, log: Path | None = None):
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"not within {bound}s: {what}\n" + (log.read_text(errors="replace")[-4000:] if log else ""))
+    return wait_until(what, check, bound, lambda: log.read_text(errors="replace")[-4000:] if log else "")
 
 
 @pytest.fixture
