@@ -25,13 +25,19 @@ def _nodes_of(host: str, hostvars, groups) -> list:
 def fleet_worker_urls(hosts: list, hostvars, port, groups=None, registered_only: bool = True) -> dict:
     """{host: URL} of the hosts that serve HTTP: a non-zero rank of a multi-node server (SGLang serves HTTP on
     rank 0 only) is left out, and, with registered_only, a host with fleet_router_register: false (the monitor
-    watches it all the same)."""
+    watches it all the same) or a quarantined one (fleet_remediation's fact fleet_remediation_quarantine, read by
+    its quarantine_state entry point: a GPU fault a person fixes; docs/runbook.md)."""
     return {
         h: fleet_worker_url(h, hostvars, port)
         for h in hosts
-        if (not registered_only or hostvars[h].get("fleet_router_register", True))
+        if (not registered_only or (hostvars[h].get("fleet_router_register", True) and not quarantined(h, hostvars)))
         and _nodes_of(h, hostvars, groups)[0] == h
     }
+
+
+def quarantined(host: str, hostvars) -> bool:
+    """Whether fleet_remediation's quarantine record was read on ``host`` in this run and says it is quarantined."""
+    return bool(hostvars[host].get("fleet_remediation_quarantine"))
 
 
 def fleet_shared_addresses(hosts: list, hostvars) -> dict:

@@ -36,11 +36,12 @@ def inventory(tmp_path: Path, **group_vars) -> Path:
     return path
 
 
-def alert(name: str, host: str, status: str = "firing") -> bytes:
+def alert(name: str, host: str, status: str = "firing", summary: str = "") -> bytes:
     labels = {"alertname": name, "instance": f"{host}:9100", "job": "node", "severity": "critical"}
+    annotations = {"summary": summary} if summary else {}
     body = {"version": "4", "receiver": "gpufleet", "status": status, "groupKey": "{}", "externalURL": "http://mon-01:9093",
             "groupLabels": {}, "commonLabels": labels, "commonAnnotations": {}, "truncatedAlerts": 0,
-            "alerts": [{"status": status, "labels": labels, "annotations": {}, "startsAt": "2026-12-07T05:00:00Z",
+            "alerts": [{"status": status, "labels": labels, "annotations": annotations, "startsAt": "2026-12-07T05:00:00Z",
                         "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": host}]}  # fmt: skip
     return json.dumps(body).encode()
 
@@ -99,7 +100,7 @@ def test_an_alert_runs_the_remediation_for_its_host_once_in_the_window(rulebook,
     assert post(port, alert("GpufleetLivenessGaveUp", "gpufleet-02")) == 202
     (first,) = wait_for("gpufleet-02's report", lambda: reports(tmp_path, "gpufleet-02"), 180, log)
     assert first | {"started": ""} == {"host": "gpufleet-02", "action": "restart", "alert": "GpufleetLivenessGaveUp",
-                                       "dry_run": True, "result": "dry-run", "started": ""}  # fmt: skip
+                                       "reason": "", "dry_run": True, "result": "dry-run", "started": ""}  # fmt: skip
     # the same alert again within the throttle's 30 minutes, a resolved one, another alert: no run; then another host
     assert post(port, alert("GpufleetLivenessGaveUp", "gpufleet-02")) == 202
     assert post(port, alert("GpufleetLivenessGaveUp", "gpufleet-01", status="resolved")) == 202
@@ -110,6 +111,24 @@ def test_an_alert_runs_the_remediation_for_its_host_once_in_the_window(rulebook,
     # the rulebook's actions run in order (its sequential strategy): a second gpufleet-02 run would have come first
     assert [r["alert"] for r in reports(tmp_path, "gpufleet-01")] == ["GpufleetLivenessGaveUp"]
     assert len(reports(tmp_path, "gpufleet-02")) == 1
+
+
+def test_a_gpu_fault_quarantines_its_host_with_the_alert_and_its_summary(rulebook, tmp_path):
+    port, log = rulebook
+    for name in ("GpufleetGpuRowRemapFailed", "GpufleetGpuFatalXid"):  # the second within the window: no second run
+        assert post(port, alert(name, "gpufleet-01", summary=f"{name} on GPU 3 of gpufleet-01:9100")) == 202
+    assert post(port, alert("GpufleetGpuRowRemapPending", "gpufleet-02")) == 202  # not a fault a person must fix
+    assert post(port, alert("GpufleetGpuPcieDegraded", "gpufleet-02", summary="PCIe link of GPU 4")) == 202
+    said = "REMEDIATION (dry run) on gpufleet-02 for GpufleetGpuPcieDegraded: would quarantine it."
+    wait_for("gpufleet-02's run", lambda: said in " ".join(log.read_text(errors="replace").split()), 240, log)
+    (first,) = reports(tmp_path, "gpufleet-01")
+    assert first | {"started": ""} == {
+        "host": "gpufleet-01", "action": "quarantine", "alert": "GpufleetGpuRowRemapFailed", "dry_run": True,
+        "reason": "GpufleetGpuRowRemapFailed on GPU 3 of gpufleet-01:9100", "result": "dry-run", "started": "",
+    }  # fmt: skip
+    assert [(r["action"], r["alert"]) for r in reports(tmp_path, "gpufleet-02")] == [
+        ("quarantine", "GpufleetGpuPcieDegraded")
+    ]
 
 
 def remediate(tmp_path: Path, *extra: str, **group_vars) -> subprocess.CompletedProcess:
@@ -125,6 +144,36 @@ def test_an_action_turned_off_changes_nothing_and_says_so(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "REMEDIATION TURNED OFF on gpufleet-02" in proc.stdout
     assert [r["result"] for r in reports(tmp_path, "gpufleet-02")] == ["turned-off"]
+
+
+def test_the_quarantine_turned_off_changes_nothing_and_says_so(tmp_path):
+    proc = remediate(tmp_path, "-e", "fleet_remediation_action=quarantine", "-e", "fleet_remediation_alert=GpufleetGpuFatalXid",
+                     fleet_remediation_quarantine_enabled=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "REMEDIATION TURNED OFF on gpufleet-02 (GpufleetGpuFatalXid)" in " ".join(proc.stdout.split())
+    assert [r["result"] for r in reports(tmp_path, "gpufleet-02")] == ["turned-off"]
+
+
+def test_a_release_of_a_host_that_is_not_quarantined_changes_nothing(tmp_path):
+    (tmp_path / "reports").mkdir()  # the controller's reports folder of earlier runs
+    proc = remediate(tmp_path, "-e", "fleet_remediation_action=release", fleet_remediation_max_per_hour=1,
+                     fleet_remediation_quarantine_file=str(tmp_path / "quarantine.json"))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "gpufleet-02 is not quarantined" in " ".join(proc.stdout.split()) and "changed=0" in proc.stdout
+    assert reports(tmp_path, "gpufleet-02") == []
+
+
+def test_a_quarantined_host_gets_no_restart_and_says_how_to_release_it(tmp_path):
+    record = {"since": "2026-12-07T09:00:00Z", "alert": "GpufleetGpuFatalXid", "reason": "Xid 79 on GPU 0",
+              "remedy": "power the VM off and on", "report": ""}  # fmt: skip
+    (tmp_path / "quarantine.json").write_text(json.dumps(record))
+    (tmp_path / "reports").mkdir()  # the controller's reports folder of earlier runs
+    proc = remediate(tmp_path, "-e", "fleet_remediation_action=restart",
+                     fleet_remediation_quarantine_file=str(tmp_path / "quarantine.json"))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    out = " ".join(proc.stdout.split())
+    assert "gpufleet-02 is quarantined since 2026-12-07T09:00:00Z (Xid 79 on GPU 0): no restart; nothing changed." in out
+    assert "-l gpufleet-02 -e fleet_remediation_action=release" in out and "changed=0" in out
 
 
 def test_over_the_rate_limit_it_is_refused_before_any_change(tmp_path):
@@ -151,4 +200,6 @@ def test_an_unknown_action_is_refused_naming_the_variable(tmp_path):
 def test_a_run_that_names_no_action_is_refused_naming_the_variable(tmp_path):
     proc = remediate(tmp_path)
     assert proc.returncode != 0
-    assert "fleet_remediation_action is not set; the action to take: restart" in " ".join(proc.stdout.split())
+    assert "fleet_remediation_action is not set; the action to take: restart, quarantine or release" in " ".join(
+        proc.stdout.split()
+    )

@@ -78,6 +78,18 @@ def test_worker_urls_leave_out_hosts_that_serve_no_http():
     }
 
 
+def test_worker_urls_leave_out_a_quarantined_host_but_the_monitor_watches_it():
+    hostvars = {"s1": {"fleet_remediation_quarantine": {"since": "2026-12-07T09:00:00Z"}}, "s2": {},
+                "s3": {"fleet_remediation_quarantine": {}}}  # fmt: skip
+    assert fleet_router.fleet_worker_urls(["s1", "s2", "s3"], hostvars, 8000) == {
+        "s2": "http://s2:8000",
+        "s3": "http://s3:8000",
+    }
+    assert list(fleet_router.fleet_worker_urls(["s1", "s2", "s3"], hostvars, 8000, registered_only=False)) == [
+        "s1", "s2", "s3"
+    ]
+
+
 # The example production fleet's multi-node server: h200-03 (rank 0) and h200-04 (group glm5_h200_tp16).
 MN_GROUPS = {"glm5_h200_tp16": ["h200-03", "h200-04"], "h200": ["h200-01", "h200-02", "h200-03", "h200-04"]}
 MN_HOSTVARS = {
