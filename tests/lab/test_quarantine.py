@@ -1,0 +1,167 @@
+"""Quarantine of a server host for a GPU fault (docs/runbook.md, "Quarantine"), on ONE lab: 3 server hosts + 1 gateway
+running the Shepherd Model Gateway, the simulated engine on the servers, a load client through the gateway while the
+host is quarantined and while it is released.
+
+The playbook runs are the ones the collection's rulebook runs (extensions/eda/rulebooks/remediation.yml: the alert's
+name and summary as fleet_remediation_alert and fleet_remediation_reason, limited to the alert's host) and the ones a
+person runs; the rule's mapping of alerts to them is tested under the real ansible-rulebook in tests/unit/eda.
+
+In order:
+1. the quarantine turned off (fleet_remediation_quarantine_enabled: false): the run says so, nothing changes;
+2. a failed row remapping planted on t-quar-02's GPU 3 (gpusim's profile, what nvidia-smi -q shows): the quarantine
+   takes the host out of the gateway (and its record), drained, under the fleet and host locks, which it gives back;
+   the record and the metric on the host say why and the remedy; no request fails;
+3. router.yml (deploy.yml's router stage) does not register the quarantined server and says so;
+4. a rollout of a flag change skips it and says so (ROLLOUT SKIPS, the report's `quarantined`), changes the others;
+5. the fault cleared, one command (remediate.yml -e fleet_remediation_action=release) restarts the server and puts it
+   back into the gateway, the record and metric gone; no request fails; a second release changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import fleet_lab
+import pytest
+from conftest import ROOT
+from fleet_lab import healthy_urls, seen, unit_state, unit_text
+from lab_host import on
+from test_rollout import Load
+
+NAME = "t-quar"
+WORK = ROOT / "tmp" / NAME
+SERVERS = [f"{NAME}-0{i}" for i in (1, 2, 3)]
+SICK = SERVERS[1]
+GATEWAY = f"{NAME}-router-01"
+EXTRA_ENV = {"MOLECULE_EPHEMERAL_DIRECTORY": str(WORK / "eph"), "GPUFLEET_ROOT": str(ROOT)}
+ALERT = "GpufleetGpuRowRemapFailed"
+REASON = f"Row remapping failed on GPU 3 of {SICK}:9100"  # the alert's summary, as the rulebook passes it
+RECORD = "/var/lib/gpufleet/quarantine.json"  # fleet_remediation_quarantine_file's default
+METRICS = "/var/lib/prometheus/node-exporter/gpufleet_quarantine.prom"
+ROUTER_RECORD = "/var/lib/smg-router/workers.json"  # fleet_router_workers_file's default
+PROFILE = "/etc/gpusim/profile/profile.json"  # the simulated GPUs of a lab host (lab/gpusim/README.md)
+CHANGE = {"chunked-prefill-size": 8192}
+
+play = fleet_lab.runner(WORK, EXTRA_ENV)
+
+
+def extra(**more) -> dict:
+    """The reports of the lab's runs in its work folder (fleet_lab.report_dirs: a user's land in reports/<fleet>/)."""
+    return {**fleet_lab.report_dirs(WORK), "fleet_remediation_report_dir": str(WORK / "reports/remediation"), **more}
+
+
+def remediate(action: str, **more):
+    """playbooks/remediate.yml as the rulebook runs it for the alert on SICK (or a person, for release)."""
+    alert = {"fleet_remediation_alert": ALERT, "fleet_remediation_reason": REASON} if action == "quarantine" else {}
+    return play("playbooks/remediate.yml", "-l", SICK, extra=extra(fleet_remediation_action=action, **alert, **more))
+
+
+def url(fleet: dict, host: str) -> str:
+    return f"http://{fleet[host]['address']}:8000"
+
+
+def lock_files(fleet: dict) -> dict:
+    return {h: on(fleet[h], "ls /var/lib/gpufleet/locks 2>/dev/null || true").split() for h in [*SERVERS, GATEWAY]}
+
+
+def plant_remap_failure(host: dict, planted: bool) -> None:
+    """GPU 3's row remapper says a remapping failed (gpusim's nvidia-smi -q keys, lab/gpusim/README.md), or the
+    profile as the lab tool installed it."""
+    if not planted:
+        on(host, f"cp {PROFILE}.orig {PROFILE}.tmp && mv {PROFILE}.tmp {PROFILE}")
+        return
+    code = (f"import json; p = json.load(open('{PROFILE}')); "
+            "p['gpus'][3]['q'] = {'Remapped Rows / Remapping Failure Occurred': 'Yes'}; "
+            f"open('{PROFILE}.tmp', 'w').write(json.dumps(p))")  # fmt: skip
+    on(host, f'[ -e {PROFILE}.orig ] || cp {PROFILE} {PROFILE}.orig; python3 -c "{code}" && mv {PROFILE}.tmp {PROFILE}')
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    yield from fleet_lab.fleet_up(NAME, WORK, play, extra(sglang_server_serial=3), servers=3, routers=1)
+
+
+def test_the_quarantine_turned_off_changes_nothing(fleet):
+    proc = remediate("quarantine", fleet_remediation_quarantine_enabled=False)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert f"REMEDIATION TURNED OFF on {SICK} ({ALERT}): fleet_remediation_quarantine_enabled is false" in seen(proc)
+    assert healthy_urls(fleet[GATEWAY]["address"]) == sorted(url(fleet, h) for h in SERVERS)
+    assert on(fleet[SICK], f"ls {RECORD} 2>/dev/null || true") == ""
+
+
+def test_a_gpu_fault_quarantines_the_host_out_of_the_gateway_with_no_failed_request(fleet):
+    gw = fleet[GATEWAY]["address"]
+    plant_remap_failure(fleet[SICK], True)
+    assert re.search(r"Remapping Failure Occurred\s*: Yes", on(fleet[SICK], "nvidia-smi -q -i 3"))
+    before = unit_state(fleet[SICK])
+    with Load(gw, workers=4, limit_s=240) as load:
+        proc = remediate("quarantine")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    out = seen(proc)
+    assert f"QUARANTINED {SICK} ({REASON}): out of every gateway, rollouts skip it, liveness leaves it alone." in out
+    assert "Remedy: replace the GPU: its memory has no spare row left." in out
+    assert f"ansible-playbook playbooks/remediate.yml -l {SICK} -e fleet_remediation_action=release" in out
+    assert load.failures == [] and sum(load.ok.values()) > 0, load.failures[:5]
+    # out of the gateway and of its record (a gateway restart does not bring it back); the others serve
+    assert healthy_urls(gw) == sorted(url(fleet, h) for h in SERVERS if h != SICK)
+    assert url(fleet, SICK) not in json.loads(on(fleet[GATEWAY], f"cat {ROUTER_RECORD}"))["workers"]
+    record = json.loads(on(fleet[SICK], f"cat {RECORD}"))
+    assert (record["alert"], record["reason"]) == (ALERT, REASON)
+    assert record["remedy"] == "replace the GPU: its memory has no spare row left" and record["since"]
+    metric = on(fleet[SICK], f"cat {METRICS}")
+    assert f'gpufleet_host_quarantined{{alert="{ALERT}",reason="Row remapping failed on GPU 3 of {SICK}:9100"}} 1' in (
+        metric
+    )
+    # the server keeps running for a person to look at; the locks are given back
+    assert unit_state(fleet[SICK]) == before and on(fleet[SICK], "systemctl is-active sglang-server") == "active"
+    assert all(not files for files in lock_files(fleet).values())
+    (report,) = [json.loads(p.read_text()) for p in (WORK / "reports/remediation").glob(f"*-{SICK}-quarantine.json")]
+    assert report["result"] == "quarantined" and report["quarantine"]["reason"] == REASON
+    # quarantining it again changes nothing and says why
+    again = remediate("quarantine")
+    assert again.returncode == 0 and f"{SICK} is quarantined since {record['since']}" in seen(again)
+    assert "changed=0" in again.stdout.split("PLAY RECAP")[-1]
+
+
+def test_the_router_stage_does_not_register_a_quarantined_server(fleet):
+    proc = play("playbooks/router.yml", extra=extra())
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert f"NOT registered (quarantined: playbooks/remediate.yml -e fleet_remediation_action=release): {SICK}" in (
+        seen(proc)
+    )
+    assert healthy_urls(fleet[GATEWAY]["address"]) == sorted(url(fleet, h) for h in SERVERS if h != SICK)
+
+
+def test_a_rollout_skips_the_quarantined_host_and_says_so(fleet):
+    sick_unit = unit_text(fleet[SICK])
+    proc = play("playbooks/rollout.yml", extra=extra(sglang_server_args_host=CHANGE, rollout_max_unavailable=1))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    out = seen(proc)
+    assert f"ROLLOUT SKIPS {SICK}: quarantined since " in out and f"({REASON}); it stays out of every gateway." in out
+    report = json.loads((WORK / "reports/rollout/last.json").read_text())
+    assert report["result"] == "ok" and list(report["quarantined"]) == [SICK]
+    assert SICK not in report["hosts"] and sorted(report["hosts"]) == [SERVERS[0], SERVERS[2]]
+    assert unit_text(fleet[SICK]) == sick_unit
+    for h in (SERVERS[0], SERVERS[2]):
+        assert "--chunked-prefill-size 8192" in " ".join(unit_text(fleet[h]).split())
+    assert healthy_urls(fleet[GATEWAY]["address"]) == sorted(url(fleet, h) for h in SERVERS if h != SICK)
+
+
+def test_the_fault_cleared_one_command_releases_the_host(fleet):
+    gw = fleet[GATEWAY]["address"]
+    plant_remap_failure(fleet[SICK], False)
+    before = unit_state(fleet[SICK])
+    with Load(gw, workers=4, limit_s=300) as load:
+        proc = remediate("release")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert f"RELEASED {SICK}: it serves and is back in every gateway; quarantine lifted." in seen(proc)
+    assert load.failures == [] and sum(load.ok.values()) > 0, load.failures[:5]
+    assert healthy_urls(gw) == sorted(url(fleet, h) for h in SERVERS)
+    assert url(fleet, SICK) in json.loads(on(fleet[GATEWAY], f"cat {ROUTER_RECORD}"))["workers"]
+    assert unit_state(fleet[SICK])["start"] != before["start"]  # restarted through the safe restart
+    assert on(fleet[SICK], f"ls {RECORD} {METRICS} 2>/dev/null || true") == ""
+    assert all(not files for files in lock_files(fleet).values())
+    again = remediate("release")
+    assert again.returncode == 0 and f"{SICK} is not quarantined" in seen(again)
+    assert "changed=0" in again.stdout.split("PLAY RECAP")[-1]
