@@ -14,20 +14,26 @@ In order:
 3. router.yml (deploy.yml's router stage) does not register the quarantined server and says so;
 4. a rollout of a flag change skips it and says so (ROLLOUT SKIPS, the report's `quarantined`), changes the others;
 5. the fault cleared, one command (remediate.yml -e fleet_remediation_action=release) restarts the server and puts it
-   back into the gateway, the record and metric gone; no request fails; a second release changes nothing.
+   back into the gateway, the record and metric gone; no request fails; a second release changes nothing;
+6. the restart action (GpufleetLivenessGaveUp's) on another host under load: out, restarted, back, no failed request;
+   while a rollout holds the fleet lock the same action is refused and says so, puts nothing back, and the rollout
+   ends OK with every server in the gateway.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import fleet_lab
 import pytest
 from conftest import ROOT
 from fleet_lab import healthy_urls, seen, unit_state, unit_text
+from gpufleet_testinfra import playbook_env
 from lab_host import on
 from test_rollout import Load
+from waiting import wait_until
 
 NAME = "t-quar"
 WORK = ROOT / "tmp" / NAME
@@ -51,10 +57,10 @@ def extra(**more) -> dict:
     return {**fleet_lab.report_dirs(WORK), "fleet_remediation_report_dir": str(WORK / "reports/remediation"), **more}
 
 
-def remediate(action: str, **more):
-    """playbooks/remediate.yml as the rulebook runs it for the alert on SICK (or a person, for release)."""
+def remediate(action: str, host: str = SICK, **more):
+    """playbooks/remediate.yml as the rulebook runs it for the alert on ``host`` (or a person, for release)."""
     alert = {"fleet_remediation_alert": ALERT, "fleet_remediation_reason": REASON} if action == "quarantine" else {}
-    return play("playbooks/remediate.yml", "-l", SICK, extra=extra(fleet_remediation_action=action, **alert, **more))
+    return play("playbooks/remediate.yml", "-l", host, extra=extra(fleet_remediation_action=action, **alert, **more))
 
 
 def url(fleet: dict, host: str) -> str:
@@ -165,3 +171,37 @@ def test_the_fault_cleared_one_command_releases_the_host(fleet):
     again = remediate("release")
     assert again.returncode == 0 and f"{SICK} is not quarantined" in seen(again)
     assert "changed=0" in again.stdout.split("PLAY RECAP")[-1]
+
+
+def test_the_restart_action_runs_off_the_serving_path_and_is_refused_while_a_rollout_holds_the_lock(fleet):
+    gw, host = fleet[GATEWAY]["address"], SERVERS[2]
+    gave_up = {"fleet_remediation_alert": "GpufleetLivenessGaveUp"}
+    before = unit_state(fleet[host])
+    with Load(gw, workers=4, limit_s=300) as load:
+        proc = remediate("restart", host, **gave_up)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert load.failures == [] and sum(load.ok.values()) > 0, load.failures[:5]
+    assert unit_state(fleet[host])["start"] != before["start"]
+    assert healthy_urls(gw) == sorted(url(fleet, h) for h in SERVERS)
+    reports = sorted((WORK / "reports/remediation").glob(f"*-{host}-restart.json"))
+    assert json.loads(reports[-1].read_text())["result"] == "ok"
+    # a rollout of a change in the background: once it holds the fleet lock, the same remediation is refused
+    vars_file = WORK / "rollout-during-remediation.json"
+    vars_file.write_text(json.dumps(extra(sglang_server_args_host={"chunked-prefill-size": 4096})))
+    rollout = subprocess.Popen(
+        ["ansible-playbook", "-i", str(WORK / "hosts.yml"), "-e", f"@{vars_file}", "playbooks/rollout.yml"],
+        cwd=ROOT, env=playbook_env(EXTRA_ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_until("the rollout's fleet lock", lambda: "rollout-fleet.lock" in lock_files(fleet)[GATEWAY], 300)
+        refused = remediate("restart", host, **gave_up)
+    finally:
+        out, _ = rollout.communicate(timeout=900)
+    assert refused.returncode != 0
+    said = seen(refused)
+    assert f"REMEDIATION FAILED on {host} (GpufleetLivenessGaveUp) at " in said
+    assert "rollout.yml" in said, said[-2000:]  # the lock's owner: the rollout
+    assert rollout.returncode == 0, out[-3000:]
+    assert "ROLLOUT OK" in " ".join(out.split()), out[-3000:]
+    assert healthy_urls(gw) == sorted(url(fleet, h) for h in SERVERS)
+    assert all(not files for files in lock_files(fleet).values())
