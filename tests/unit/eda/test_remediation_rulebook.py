@@ -41,8 +41,9 @@ def alert(name: str, host: str, status: str = "firing", summary: str = "") -> by
     annotations = {"summary": summary} if summary else {}
     body = {"version": "4", "receiver": "gpufleet", "status": status, "groupKey": "{}", "externalURL": "http://mon-01:9093",
             "groupLabels": {}, "commonLabels": labels, "commonAnnotations": {}, "truncatedAlerts": 0,
-            "alerts": [{"status": status, "labels": labels, "annotations": annotations, "startsAt": "2026-12-07T05:00:00Z",
-                        "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": host}]}  # fmt: skip
+            "alerts": [{"status": status, "labels": labels, "annotations": annotations,
+                        "startsAt": "2026-12-07T05:00:00Z", "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "",
+                        "fingerprint": host}]}  # fmt: skip
     return json.dumps(body).encode()
 
 
@@ -147,8 +148,8 @@ def test_an_action_turned_off_changes_nothing_and_says_so(tmp_path):
 
 
 def test_the_quarantine_turned_off_changes_nothing_and_says_so(tmp_path):
-    proc = remediate(tmp_path, "-e", "fleet_remediation_action=quarantine", "-e", "fleet_remediation_alert=GpufleetGpuFatalXid",
-                     fleet_remediation_quarantine_enabled=False)  # fmt: skip
+    action = ("-e", "fleet_remediation_action=quarantine", "-e", "fleet_remediation_alert=GpufleetGpuFatalXid")
+    proc = remediate(tmp_path, *action, fleet_remediation_quarantine_enabled=False)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "REMEDIATION TURNED OFF on gpufleet-02 (GpufleetGpuFatalXid)" in " ".join(proc.stdout.split())
     assert [r["result"] for r in reports(tmp_path, "gpufleet-02")] == ["turned-off"]
@@ -172,7 +173,8 @@ def test_a_quarantined_host_gets_no_restart_and_says_how_to_release_it(tmp_path)
                      fleet_remediation_quarantine_file=str(tmp_path / "quarantine.json"))  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:]
     out = " ".join(proc.stdout.split())
-    assert "gpufleet-02 is quarantined since 2026-12-07T09:00:00Z (Xid 79 on GPU 0): no restart; nothing changed." in out
+    said = "gpufleet-02 is quarantined since 2026-12-07T09:00:00Z (Xid 79 on GPU 0): no restart; nothing changed."
+    assert said in out
     assert "-l gpufleet-02 -e fleet_remediation_action=release" in out and "changed=0" in out
 
 

@@ -86,7 +86,9 @@ def test_worker_urls_leave_out_a_quarantined_host_but_the_monitor_watches_it():
         "s3": "http://s3:8000",
     }
     assert list(fleet_router.fleet_worker_urls(["s1", "s2", "s3"], hostvars, 8000, registered_only=False)) == [
-        "s1", "s2", "s3"
+        "s1",
+        "s2",
+        "s3",
     ]
 
 
