@@ -121,7 +121,9 @@ def test_a_gpu_fault_quarantines_the_host_out_of_the_gateway_with_no_failed_requ
         metric
     )
     # the server keeps running for a person to look at; the locks are given back
-    assert unit_state(fleet[SICK]) == before and on(fleet[SICK], "systemctl is-active sglang-server").strip() == "active"
+    assert (
+        unit_state(fleet[SICK]) == before and on(fleet[SICK], "systemctl is-active sglang-server").strip() == "active"
+    )
     assert all(not files for files in lock_files(fleet).values())
     (report,) = [json.loads(p.read_text()) for p in (WORK / "reports/remediation").glob(f"*-{SICK}-quarantine.json")]
     assert report["result"] == "quarantined" and report["quarantine"]["reason"] == REASON
