@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -36,8 +37,8 @@ def inventory(tmp_path: Path, **group_vars) -> Path:
     return path
 
 
-def alert(name: str, host: str, status: str = "firing", summary: str = "") -> bytes:
-    labels = {"alertname": name, "instance": f"{host}:9100", "job": "node", "severity": "critical"}
+def alert(name: str, host: str, status: str = "firing", summary: str = "", role: str = "server") -> bytes:
+    labels = {"alertname": name, "instance": f"{host}:9100", "job": "node", "severity": "critical", "role": role}
     annotations = {"summary": summary} if summary else {}
     body = {"version": "4", "receiver": "gpufleet", "status": status, "groupKey": "{}", "externalURL": "http://mon-01:9093",
             "groupLabels": {}, "commonLabels": labels, "commonAnnotations": {}, "truncatedAlerts": 0,
@@ -132,6 +133,17 @@ def test_a_gpu_fault_quarantines_its_host_with_the_alert_and_its_summary(ruleboo
     ]
 
 
+def test_a_full_disk_on_a_server_host_prunes_it_and_not_on_another_host(rulebook, tmp_path):
+    port, log = rulebook
+    assert post(port, alert("GpufleetDiskAlmostFull", "gpufleet-01", role="router")) == 202  # a gateway: no run
+    assert post(port, alert("GpufleetDiskAlmostFull", "gpufleet-02", summary="/srv/models is almost full")) == 202
+    said = "REMEDIATION (dry run) on gpufleet-02 for GpufleetDiskAlmostFull: would prune it."
+    wait_for("gpufleet-02's run", lambda: said in " ".join(log.read_text(errors="replace").split()), 240, log)
+    (only,) = reports(tmp_path, "gpufleet-02")
+    assert (only["action"], only["reason"], only["result"]) == ("prune", "/srv/models is almost full", "dry-run")
+    assert reports(tmp_path, "gpufleet-01") == []
+
+
 def remediate(tmp_path: Path, *extra: str, **group_vars) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(inventory(tmp_path, **group_vars)),
@@ -176,6 +188,41 @@ def test_a_quarantined_host_gets_no_restart_and_says_how_to_release_it(tmp_path)
     said = "gpufleet-02 is quarantined since 2026-12-07T09:00:00Z (Xid 79 on GPU 0): no restart; nothing changed."
     assert said in out
     assert "-l gpufleet-02 -e fleet_remediation_action=release" in out and "changed=0" in out
+
+
+def test_the_prune_removes_what_nothing_uses_and_keeps_the_serving_and_rollback_versions(tmp_path):
+    """The real role on this machine (local connection), its folders in tmp_path: ml_env's releases r1..r4 (current
+    r4, previous r3), two revisions of a model, the server's last-known-good manifest naming r2 and the old
+    revision; a target of a fully free disk (fleet_remediation_prune_free_ratio: 1, the range's top: this machine's
+    disk is not full) removes every folder nothing uses."""
+    opt, models, state = tmp_path / "opt/ml-env", tmp_path / "models/glm-5", tmp_path / "state"
+    for name in ("r1", "r2", "r3", "r4"):
+        (opt / "releases" / name).mkdir(parents=True)
+    for rev in ("aaaa", "bbbb", "cccc"):
+        (models / rev).mkdir(parents=True)
+    old = time.time() - 86400
+    for folder in [*(opt / "releases").iterdir(), *models.iterdir()]:
+        os.utime(folder, (old, old))
+    (opt / "current").symlink_to(opt / "releases/r4")
+    (opt / "previous").symlink_to(opt / "releases/r3")
+    (state / "last-good").mkdir(parents=True)
+    (state / "last-good/manifest.json").write_text(
+        json.dumps({"release": str(opt / "releases/r2"), "argv": ["--model-path", str(models / "bbbb")]})
+    )
+    paths = {
+        "ml_env_root": str(opt),
+        "model_weights_root": str(tmp_path / "models"),
+        "sglang_server_state_dir": str(state),
+    }
+    proc = remediate(tmp_path, "-e", "fleet_remediation_action=prune", fleet_remediation_prune_free_ratio=1, **paths)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    out = " ".join(proc.stdout.split())
+    removed = [f"{models}/aaaa", f"{models}/cccc", f"{opt}/releases/r1"]  # oldest first (same age: by path)
+    assert f"PRUNED gpufleet-02: 3 folder(s), 0.0 GiB ({', '.join(removed)})" in out, out[-3000:]
+    assert sorted(p.name for p in (opt / "releases").iterdir()) == ["r2", "r3", "r4"]
+    assert [p.name for p in models.iterdir()] == ["bbbb"]
+    (report,) = reports(tmp_path, "gpufleet-02")
+    assert report["result"] == "pruned" and [r["path"] for r in report["prune"]["removed"]] == removed
 
 
 def test_over_the_rate_limit_it_is_refused_before_any_change(tmp_path):
