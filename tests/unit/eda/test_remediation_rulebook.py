@@ -249,6 +249,6 @@ def test_an_unknown_action_is_refused_naming_the_variable(tmp_path):
 def test_a_run_that_names_no_action_is_refused_naming_the_variable(tmp_path):
     proc = remediate(tmp_path)
     assert proc.returncode != 0
-    assert "fleet_remediation_action is not set; the action to take: restart, quarantine or release" in " ".join(
+    assert "fleet_remediation_action is not set; the action to take: restart, quarantine, release or prune" in " ".join(
         proc.stdout.split()
     )
