@@ -35,7 +35,7 @@ def candidates(roots: list[dict]) -> list[Candidate]:
     found: list[Candidate] = []
     for root in roots:
         level = [root["path"]]
-        for _ in range(int(root.get("depth", 1))):
+        for _level in range(int(root.get("depth", 1))):
             level = [
                 os.path.join(parent, name)
                 for parent in level
