@@ -46,6 +46,7 @@ REASON = f"Row remapping failed on GPU 3 of {SICK}:9100"  # the alert's summary,
 RECORD = "/var/lib/gpufleet/quarantine.json"  # fleet_remediation_quarantine_file's default
 METRICS = "/var/lib/prometheus/node-exporter/gpufleet_quarantine.prom"
 ROUTER_RECORD = "/var/lib/smg-router/workers.json"  # fleet_router_workers_file's default
+LIVENESS_STATE = "/var/lib/gpufleet/sglang-server/liveness-state.json"  # roles/sglang_server's liveness
 PROFILE = "/etc/gpusim/profile/profile.json"  # the simulated GPUs of a lab host (lab/gpusim/README.md)
 CHANGE = {"chunked-prefill-size": 8192}
 
@@ -69,6 +70,11 @@ def url(fleet: dict, host: str) -> str:
 
 def lock_files(fleet: dict) -> dict:
     return {h: on(fleet[h], "ls /var/lib/gpufleet/locks 2>/dev/null || true").split() for h in [*SERVERS, GATEWAY]}
+
+
+def liveness(host: dict) -> dict:
+    """The liveness service's state on the host (phase, last decision)."""
+    return json.loads(on(host, f"cat {LIVENESS_STATE} 2>/dev/null || echo {{}}"))
 
 
 def plant_remap_failure(host: dict, planted: bool) -> None:
@@ -125,6 +131,10 @@ def test_a_gpu_fault_quarantines_the_host_out_of_the_gateway_with_no_failed_requ
         unit_state(fleet[SICK]) == before and on(fleet[SICK], "systemctl is-active sglang-server").strip() == "active"
     )
     assert all(not files for files in lock_files(fleet).values())
+    # liveness leaves the quarantined server alone (its pause paths hold the record)
+    wait_until(
+        "liveness paused by the quarantine", lambda: liveness(fleet[SICK]).get("last") == f"paused: {RECORD}", 60
+    )
     (report,) = [json.loads(p.read_text()) for p in (WORK / "reports/remediation").glob(f"*-{SICK}-quarantine.json")]
     assert report["result"] == "quarantined" and report["quarantine"]["reason"] == REASON
     # quarantining it again changes nothing and says why
@@ -170,6 +180,7 @@ def test_the_fault_cleared_one_command_releases_the_host(fleet):
     assert url(fleet, SICK) in json.loads(on(fleet[GATEWAY], f"cat {ROUTER_RECORD}"))["workers"]
     assert unit_state(fleet[SICK])["start"] != before["start"]  # restarted through the safe restart
     assert on(fleet[SICK], f"ls {RECORD} {METRICS} 2>/dev/null || true") == ""
+    wait_until("liveness sees a generation again", lambda: liveness(fleet[SICK]).get("phase") == "ok", 120)
     assert all(not files for files in lock_files(fleet).values())
     again = remediate("release")
     assert again.returncode == 0 and f"{SICK} is not quarantined" in seen(again)
