@@ -34,6 +34,10 @@ Round 2 (the gateway's own states one after the other, the GPU faults meanwhile)
   GpufleetRouterWorkersBelowBudget (no router lists a healthy worker) and GpufleetRouterErrorRate (smg answers errors);
   repair: playbooks/router.yml, the clients go on.
 
+Before the rounds, Event-Driven Ansible end to end: the collection's rulebook (ansible-rulebook on the controller,
+Alertmanager's webhook pointed at it) quarantines mon-01 for a failed row remapping on its GPU 3, from the alert, and
+the release (one command, after the fault is cleared) puts it back; GpufleetHostQuarantined fires and resolves.
+
 GpufleetEngineRestarting, GpufleetRouterRestarting and GpufleetGpuEccUncorrected count over 15 minutes: they resolve
 15 minutes after the fault, longer than a test waits (their resolution is proven by the promtool unit tests,
 tests/unit/fleet_monitor). The rules no lab fault drives, and why: docs/observability.md, "Alerts".
@@ -44,6 +48,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -144,7 +149,9 @@ def fleet(tmp_path_factory):
                       "--monitors", "1", "--profile", "rtx-pro-6000x8-vm", "--inventory", str(inventory))  # fmt: skip
     hosts = {h["name"]: h for h in result["hosts"]}
     (inventory.parent / "group_vars").mkdir()
-    group_vars = GROUP_VARS | {"sglang_server_report_dir": str(work / "reports/deploy")}
+    # the reports in the lab's work folder (a user's land in reports/<fleet>/)
+    group_vars = GROUP_VARS | {"sglang_server_report_dir": str(work / "reports/deploy"),
+                               "fleet_remediation_report_dir": str(work / "reports/remediation")}  # fmt: skip
     (inventory.parent / "group_vars/all.yml").write_text(json.dumps(group_vars, indent=1))
     (inventory.parent / "host_vars").mkdir()
     # mon-02's engine registers its GPU memory as leaking: it stays held if the engine dies (the simulator's fault)
@@ -250,6 +257,102 @@ def test_a_second_run_changes_nothing(fleet):
     assert rc == 0, out[-4000:]
     recap = [line for line in out.splitlines() if " : ok=" in line]
     assert recap and all("changed=0" in line for line in recap), recap
+
+
+def test_the_rulebook_quarantines_a_host_from_its_gpu_alert_and_one_command_releases_it(fleet):
+    """Event-Driven Ansible end to end: the collection's rulebook under the real ansible-rulebook (Java 17) on the
+    controller, a host with SSH to the fleet, listening on the lab bridge; Alertmanager's webhook pointed at it
+    (fleet_monitor_webhook_urls, then playbooks/monitoring.yml). A failed row remapping planted on mon-01's GPU 3 fires
+    GpufleetGpuRowRemapFailed; Alertmanager posts it; the rule runs playbooks/remediate.yml for mon-01: out of the
+    gateway, its quarantine record and metric; GpufleetHostQuarantined fires. The fault cleared, the release puts it
+    back and the quarantine's alert resolves. It runs before the fault rounds: their uncorrected ECC error on mon-01
+    keeps GpufleetGpuEccUncorrected firing for 15 minutes, which the rulebook would quarantine the host for first. The
+    webhook is taken out again at the end (a webhook nobody answers fires GpufleetAlertDeliveryFailing)."""
+    h1, gw = fleet["hosts"]["mon-01"], fleet["hosts"][GATEWAY]
+    bridge = on(h1, "ip -4 route show default | awk '{print $3}'").strip()  # the controller, as the lab hosts see it
+    with socket.socket() as sock:
+        sock.bind((bridge, 0))
+        port = sock.getsockname()[1]
+    work = fleet["work"]
+    (work / "rulebook-vars.yml").write_text(
+        json.dumps({"remediation_listen_host": bridge, "remediation_listen_port": port})
+    )
+    # the inventory folder below, not its hosts.yml: ansible-rulebook copies a file alone, without its group_vars
+    env = dict(
+        os.environ,
+        ANSIBLE_FORCE_COLOR="0",
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"),
+        ANSIBLE_CACHE_PLUGIN_CONNECTION=str(work / ".facts"),
+        PATH=f"{ROOT / '.venv/bin'}:{os.environ['PATH']}",
+    )
+    log = work / "rulebook.log"
+    with log.open("w") as out:
+        rulebook = subprocess.Popen(
+            [str(ROOT / ".venv/bin/ansible-rulebook"), "-r", "gpufleet.fleet.remediation", "-v",
+             "-i", str(fleet["inventory"].parent), "--vars", str(work / "rulebook-vars.yml")],
+            cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    record = "/var/lib/gpufleet/quarantine.json"
+    try:
+        rc, out = playbook(fleet, "playbooks/monitoring.yml", "-e",
+                           json.dumps({"fleet_monitor_webhook_urls": [f"http://{bridge}:{port}/alerts"]}))  # fmt: skip
+        assert rc == 0, out[-4000:]
+        assert f"http://{bridge}:{port}/alerts" in on(gw, "cat /etc/prometheus/alertmanager.yml")
+        assert rulebook.poll() is None, log.read_text()[-4000:]
+        planted = time.monotonic()
+        gpusim_profile(h1, "p['gpus'][3]['q'] = {'Remapped Rows / Remapping Failure Occurred': 'Yes'}")
+        remap, quarantined = ("GpufleetGpuRowRemapFailed", "mon-01"), ("GpufleetHostQuarantined", "mon-01")
+        fired = wait_for(fleet, {remap: ""}, True, BOUND_FIRE_S, {remap: planted})
+        # then Alertmanager's group_wait, the rulebook and the run (the drain of mon-01's own requests)
+        deadline = time.monotonic() + 180
+        while on(h1, f"cat {record} 2>/dev/null || true").strip() == "" and time.monotonic() < deadline:
+            assert rulebook.poll() is None, log.read_text()[-4000:]
+            time.sleep(2)
+        quarantine = json.loads(on(h1, f"cat {record}"))
+        quarantined_after = round(time.monotonic() - planted, 1)
+        assert quarantine["alert"] == "GpufleetGpuRowRemapFailed" and "mon-01" in quarantine["reason"], quarantine
+        assert quarantine["remedy"] == "replace the GPU: its memory has no spare row left"
+        wait_for_router(fleet, 1)  # mon-02 only
+        assert [w["url"] for w in router_workers(fleet) if w.get("is_healthy")] == [
+            f"http://{fleet['hosts']['mon-02']['address']}:8000"
+        ]
+        fired |= wait_for(fleet, {quarantined: ""}, True, {"GpufleetHostQuarantined": 60 + 45}, {quarantined: planted})
+        (report,) = [json.loads(p.read_text()) for p in (work / "reports/remediation").glob("*-mon-01-quarantine.json")]
+        assert report["result"] == "quarantined" and report["alert"] == "GpufleetGpuRowRemapFailed"
+        # the person: the GPU fixed (the profile as it was), then one command
+        gpusim_profile(h1, None)
+        rc, out = playbook(fleet, "playbooks/remediate.yml", "-l", "mon-01", "-e", "fleet_remediation_action=release")
+        assert rc == 0, out[-4000:]
+        assert "RELEASED mon-01: it serves and is back in every gateway; quarantine lifted." in " ".join(out.split())
+        wait_for_router(fleet, 2)
+        released = time.monotonic()
+        wait_for(
+            fleet,
+            {quarantined: "", remap: ""},
+            False,
+            BOUND_RESOLVE_DEFAULT_S,
+            {quarantined: released, remap: released},
+        )
+        # a quiet fleet again for the fault rounds (mon-01's absence from the gateway fired GpufleetRouterWorkerMissing)
+        deadline = time.monotonic() + BOUND_RESOLVE_DEFAULT_S + 60
+        while {a for a in firing(fleet) if a[0].startswith("Gpufleet")} != {("GpufleetWatchdog", GATEWAY)}:
+            assert time.monotonic() < deadline, f"not quiet again: {firing(fleet)}"
+            time.sleep(2)
+    finally:
+        rc, out = playbook(fleet, "playbooks/monitoring.yml")  # the inventory's webhooks again (none)
+        assert rc == 0, out[-4000:]
+        rulebook.terminate()
+        try:
+            rulebook.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            rulebook.kill()
+        gpusim_profile(h1, None)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    measured = {"GpufleetGpuRowRemapFailed fired_after_s": fired[remap], "quarantined_after_s": quarantined_after,
+                "GpufleetHostQuarantined fired_after_s": fired[quarantined]}  # fmt: skip
+    (ARTIFACTS / "monitoring-quarantine.json").write_text(json.dumps(measured, indent=1))
+    print("quarantine:", json.dumps(measured))
 
 
 def wait_for(fleet, wanted: dict, present: bool, bound_s: dict | float, since: dict | None = None) -> dict:
