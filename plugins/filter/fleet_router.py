@@ -27,17 +27,20 @@ def fleet_worker_urls(hosts: list, hostvars, port, groups=None, registered_only:
     rank 0 only) is left out, and, with registered_only, a host with fleet_router_register: false (the monitor
     watches it all the same) or a quarantined one (fleet_remediation's fact fleet_remediation_quarantine, read by
     its quarantine_state entry point: a GPU fault a person fixes; docs/runbook.md)."""
+    held_out = fleet_quarantined(hosts, hostvars)
     return {
         h: fleet_worker_url(h, hostvars, port)
         for h in hosts
-        if (not registered_only or (hostvars[h].get("fleet_router_register", True) and not quarantined(h, hostvars)))
+        if (not registered_only or (hostvars[h].get("fleet_router_register", True) and h not in held_out))
         and _nodes_of(h, hostvars, groups)[0] == h
     }
 
 
-def quarantined(host: str, hostvars) -> bool:
-    """Whether fleet_remediation's quarantine record was read on ``host`` in this run and says it is quarantined."""
-    return bool(hostvars[host].get("fleet_remediation_quarantine"))
+def fleet_quarantined(hosts: list, hostvars) -> dict:
+    """{host: quarantine record} of the ``hosts`` whose fleet_remediation quarantine record was read in this run
+    (entry point quarantine_state, fact fleet_remediation_quarantine) and says they are quarantined."""
+    return {h: hostvars[h]["fleet_remediation_quarantine"] for h in hosts
+            if hostvars[h].get("fleet_remediation_quarantine")}  # fmt: skip
 
 
 def fleet_shared_addresses(hosts: list, hostvars) -> dict:
@@ -70,6 +73,7 @@ class FilterModule:
     def filters(self):
         return {
             "fleet_worker_urls": fleet_worker_urls,
+            "fleet_quarantined": fleet_quarantined,
             "fleet_shared_addresses": fleet_shared_addresses,
             "smg_extra_argv": smg_extra_argv,
             "sglang_multinode_nodes": multinode_nodes,

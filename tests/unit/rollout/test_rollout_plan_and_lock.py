@@ -90,6 +90,7 @@ def test_worker_urls_leave_out_a_quarantined_host_but_the_monitor_watches_it():
         "s2",
         "s3",
     ]
+    assert fleet_router.fleet_quarantined(["s1", "s2", "s3"], hostvars) == {"s1": {"since": "2026-12-07T09:00:00Z"}}
 
 
 # The example production fleet's multi-node server: h200-03 (rank 0) and h200-04 (group glm5_h200_tp16).
