@@ -23,12 +23,6 @@ class Candidate:
     device: int
 
 
-def free_ratio(path: str, statvfs=os.statvfs) -> float:
-    """Free space of the filesystem holding ``path``, as a root-less process sees it (f_bavail) over its size."""
-    st = statvfs(path)
-    return st.f_bavail / st.f_blocks if st.f_blocks else 1.0
-
-
 def candidates(roots: list[dict]) -> list[Candidate]:
     """The folders under each root ({path, depth}: 1 = its children, 2 = its grandchildren), never a link nor a
     hidden folder."""
@@ -97,9 +91,12 @@ def prune(
     removed = []
 
     def ratio(device: int) -> float:
+        """The filesystem's free share as a root-less process sees it (f_bavail), with what check mode would free."""
         st = statvfs(where[device])
-        planned = 0 if remove or not st.f_blocks else freed.get(device, 0) / (st.f_frsize * st.f_blocks)
-        return free_ratio(where[device], statvfs) + planned
+        if not st.f_blocks:
+            return 1.0
+        planned = 0 if remove else freed.get(device, 0) / st.f_frsize
+        return (st.f_bavail + planned) / st.f_blocks
 
     for cand in found:
         where.setdefault(cand.device, os.path.dirname(cand.path))
