@@ -1,5 +1,5 @@
-"""Helpers for lab tests that talk to one lab host: a shell command inside it, the engine's /health; and headless
-Chromium, which opens the reports the tests check."""
+"""Helpers for lab tests that talk to one lab host: a shell command inside it, its simulated GPUs' profile, the
+engine's /health; and headless Chromium, which opens the reports the tests check."""
 
 from __future__ import annotations
 
@@ -39,6 +39,20 @@ def on(host: dict, script: str, stdin: str | None = None, check: bool = True) ->
     if check:
         assert proc.returncode == 0, f"{script} failed on {host['name']}: {proc.stdout}{proc.stderr}"
     return proc.stdout
+
+
+GPUSIM_PROFILE = "/etc/gpusim/profile/profile.json"  # the simulated GPUs of a lab host (lab/gpusim/README.md)
+
+
+def gpusim_profile(host: dict, change: str | None) -> None:
+    """Change a host's simulated GPUs: a Python statement on its gpusim profile ``p`` (lab/gpusim/README.md), written
+    atomically (nvidia-smi reads it at every call); None puts the profile back as the lab tool installed it."""
+    profile = GPUSIM_PROFILE
+    if change is None:
+        on(host, f"cp {profile}.orig {profile}.tmp && mv {profile}.tmp {profile}")
+        return
+    code = f"import json; p = json.load(open('{profile}')); {change}; open('{profile}.tmp', 'w').write(json.dumps(p))"
+    on(host, f'[ -e {profile}.orig ] || cp {profile} {profile}.orig; python3 -c "{code}" && mv {profile}.tmp {profile}')
 
 
 def health(address: str, port: int = 8000) -> int:

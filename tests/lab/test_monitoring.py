@@ -61,7 +61,8 @@ import pytest
 import simfleet
 import yaml
 from conftest import LAB_ENV, ROOT, lab, lab_json
-from lab_host import chromium, health
+from lab_host import chromium, gpusim_profile, health
+from waiting import wait_until
 
 NAME = "t-mon"
 SERVERS = ("mon-01", "mon-02")
@@ -83,7 +84,6 @@ GROUP_VARS = (
     }
     | yaml.safe_load((ROOT / "inventory/lab/group_vars/gpufleet_lab/fleet_monitor.yml").read_text())
 )
-PROFILE = "/etc/gpusim/profile/profile.json"  # the simulated GPUs of a lab host (lab/gpusim/README.md)
 THRESHOLDS = "/etc/prometheus/rules/gpufleet-thresholds.yml"  # rendered by fleet_monitor from the inventory
 # How long each alert may take to fire after its fault: its `for:` (and what it must see first) + 45 s: scrapes and
 # evaluations every 5 s, the GPU metrics timer, Alertmanager's group_wait of 10 s, a machine shared with other work.
@@ -304,12 +304,15 @@ def test_the_rulebook_quarantines_a_host_from_its_gpu_alert_and_one_command_rele
         gpusim_profile(h1, "p['gpus'][3]['q'] = {'Remapped Rows / Remapping Failure Occurred': 'Yes'}")
         remap, quarantined = ("GpufleetGpuRowRemapFailed", "mon-01"), ("GpufleetHostQuarantined", "mon-01")
         fired = wait_for(fleet, {remap: ""}, True, BOUND_FIRE_S, {remap: planted})
+
         # then Alertmanager's group_wait, the rulebook and the run (the drain of mon-01's own requests)
-        deadline = time.monotonic() + 180
-        while on(h1, f"cat {record} 2>/dev/null || true").strip() == "" and time.monotonic() < deadline:
+        def recorded() -> str:
             assert rulebook.poll() is None, log.read_text()[-4000:]
-            time.sleep(2)
-        quarantine = json.loads(on(h1, f"cat {record}"))
+            return on(h1, f"cat {record} 2>/dev/null || true").strip()
+
+        quarantine = json.loads(
+            wait_until("mon-01's quarantine record", recorded, 180, lambda: log.read_text()[-4000:])
+        )
         quarantined_after = round(time.monotonic() - planted, 1)
         assert quarantine["alert"] == "GpufleetGpuRowRemapFailed" and "mon-01" in quarantine["reason"], quarantine
         assert quarantine["remedy"] == "replace the GPU: its memory has no spare row left"
@@ -335,10 +338,9 @@ def test_the_rulebook_quarantines_a_host_from_its_gpu_alert_and_one_command_rele
             {quarantined: released, remap: released},
         )
         # a quiet fleet again for the fault rounds (mon-01's absence from the gateway fired GpufleetRouterWorkerMissing)
-        deadline = time.monotonic() + BOUND_RESOLVE_DEFAULT_S + 60
-        while {a for a in firing(fleet) if a[0].startswith("Gpufleet")} != {("GpufleetWatchdog", GATEWAY)}:
-            assert time.monotonic() < deadline, f"not quiet again: {firing(fleet)}"
-            time.sleep(2)
+        quiet = {("GpufleetWatchdog", GATEWAY)}
+        wait_until("a quiet fleet again", lambda: {a for a in firing(fleet) if a[0].startswith("Gpufleet")} == quiet,
+                   BOUND_RESOLVE_DEFAULT_S + 60, lambda: str(firing(fleet)))  # fmt: skip
     finally:
         rc, out = playbook(fleet, "playbooks/monitoring.yml")  # the inventory's webhooks again (none)
         assert rc == 0, out[-4000:]
@@ -400,16 +402,6 @@ def wait_for_router(fleet, healthy: int, bound_s: float = 60) -> None:
             return
         time.sleep(1)
     raise AssertionError(f"smg does not list {healthy} healthy worker(s) within {bound_s} s: {workers}")
-
-
-def gpusim_profile(host: dict, change: str | None) -> None:
-    """Change a host's simulated GPUs: a Python statement on its gpusim profile ``p`` (lab/gpusim/README.md), written
-    atomically (nvidia-smi reads it at every call); None puts the profile back as the lab tool installed it."""
-    if change is None:
-        on(host, f"cp {PROFILE}.orig {PROFILE}.tmp && mv {PROFILE}.tmp {PROFILE}")
-        return
-    code = f"import json; p = json.load(open('{PROFILE}')); {change}; open('{PROFILE}.tmp', 'w').write(json.dumps(p))"
-    on(host, f'[ -e {PROFILE}.orig ] || cp {PROFILE} {PROFILE}.orig; python3 -c "{code}" && mv {PROFILE}.tmp {PROFILE}')
 
 
 class Clients(threading.Thread):

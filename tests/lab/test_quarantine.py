@@ -31,7 +31,7 @@ import pytest
 from conftest import ROOT
 from fleet_lab import healthy_urls, seen, unit_state, unit_text
 from gpufleet_testinfra import playbook_env
-from lab_host import on
+from lab_host import gpusim_profile, on
 from test_rollout import Load
 from waiting import wait_until
 
@@ -47,8 +47,9 @@ RECORD = "/var/lib/gpufleet/quarantine.json"  # fleet_remediation_quarantine_fil
 METRICS = "/var/lib/prometheus/node-exporter/gpufleet_quarantine.prom"
 ROUTER_RECORD = "/var/lib/smg-router/workers.json"  # fleet_router_workers_file's default
 LIVENESS_STATE = "/var/lib/gpufleet/sglang-server/liveness-state.json"  # roles/sglang_server's liveness
-PROFILE = "/etc/gpusim/profile/profile.json"  # the simulated GPUs of a lab host (lab/gpusim/README.md)
 CHANGE = {"chunked-prefill-size": 8192}
+# GPU 3's row remapper says a remapping failed (gpusim's nvidia-smi -q keys, lab/gpusim/README.md)
+REMAP_FAILED = "p['gpus'][3]['q'] = {'Remapped Rows / Remapping Failure Occurred': 'Yes'}"
 
 play = fleet_lab.runner(WORK, EXTRA_ENV)
 
@@ -77,18 +78,6 @@ def liveness(host: dict) -> dict:
     return json.loads(on(host, f"cat {LIVENESS_STATE} 2>/dev/null || echo {{}}"))
 
 
-def plant_remap_failure(host: dict, planted: bool) -> None:
-    """GPU 3's row remapper says a remapping failed (gpusim's nvidia-smi -q keys, lab/gpusim/README.md), or the
-    profile as the lab tool installed it."""
-    if not planted:
-        on(host, f"cp {PROFILE}.orig {PROFILE}.tmp && mv {PROFILE}.tmp {PROFILE}")
-        return
-    code = (f"import json; p = json.load(open('{PROFILE}')); "
-            "p['gpus'][3]['q'] = {'Remapped Rows / Remapping Failure Occurred': 'Yes'}; "
-            f"open('{PROFILE}.tmp', 'w').write(json.dumps(p))")  # fmt: skip
-    on(host, f'[ -e {PROFILE}.orig ] || cp {PROFILE} {PROFILE}.orig; python3 -c "{code}" && mv {PROFILE}.tmp {PROFILE}')
-
-
 @pytest.fixture(scope="module")
 def fleet():
     stale = [*(WORK / "reports/remediation").glob("*.json")]  # an earlier run's reports
@@ -105,7 +94,7 @@ def test_the_quarantine_turned_off_changes_nothing(fleet):
 
 def test_a_gpu_fault_quarantines_the_host_out_of_the_gateway_with_no_failed_request(fleet):
     gw = fleet[GATEWAY]["address"]
-    plant_remap_failure(fleet[SICK], True)
+    gpusim_profile(fleet[SICK], REMAP_FAILED)
     assert re.search(r"Remapping Failure Occurred\s*: Yes", on(fleet[SICK], "nvidia-smi -q -i 3"))
     before = unit_state(fleet[SICK])
     with Load(gw, workers=4, limit_s=240) as load:
@@ -169,7 +158,7 @@ def test_a_rollout_skips_the_quarantined_host_and_says_so(fleet):
 
 def test_the_fault_cleared_one_command_releases_the_host(fleet):
     gw = fleet[GATEWAY]["address"]
-    plant_remap_failure(fleet[SICK], False)
+    gpusim_profile(fleet[SICK], None)
     before = unit_state(fleet[SICK])
     with Load(gw, workers=4, limit_s=300) as load:
         proc = remediate("release")
