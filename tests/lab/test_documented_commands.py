@@ -18,10 +18,16 @@ also runs the monitor):
 7. `ansible-playbook playbooks/rollback.yml -l gpufleet-02` brings back the version before the rollout there;
 8. `ansible-playbook playbooks/upgrade_plan.yml -e upgrade_plan_to=lab-sim-cu130` shows the migrated flags and
    changes nothing;
-9. `make lab-down` removes the lab.
+9. the quality baseline written from gpufleet-01 as it runs (nothing restarted), then a flag change rolled out with
+   the quality gate: the canary passes it against that baseline and both servers run the change;
+10. two variants for gpufleet-02, then `ansible-playbook playbooks/tune.yml -e serving_bench_tune_canary=gpufleet-02`:
+   the ranking in reports/lab/tune/gpufleet-02.json, the canary back on the inventory's configuration (the same unit)
+   and in the router, the other server untouched;
+11. `make lab-down` removes the lab.
 
 The default lab's name, subnet and inventory (inventory/lab/hosts.yml) are the user's: the test refuses to start when
-a default lab is already up or inventory/lab/host_vars/ exists (someone's lab; nothing of theirs is taken down).
+a default lab is already up, inventory/lab/host_vars/ exists or a quality baseline of the lab's model and lane is in
+benchmarks/baselines/quality/ (someone's lab; nothing of theirs is taken down or overwritten).
 """
 
 from __future__ import annotations
@@ -49,6 +55,13 @@ README_CURL = (
     '"glm-5", "messages": [{"role": "user", "content": "What is the capital of France?"}]}\''
 )
 FLAG = "printf 'sglang_server_args_host:\\n  chunked-prefill-size: 4096\\n' > inventory/lab/host_vars/{}.yml"
+FLAG_8192 = "printf 'sglang_server_args_host:\\n  chunked-prefill-size: 8192\\n' > inventory/lab/host_vars/{}.yml"
+TUNE_VARIANTS = (
+    "printf 'serving_bench_tune_variants:\\n  - {name: mrr-4, args: {max-running-requests: 4}}\\n"
+    "  - {name: mrr-32, args: {max-running-requests: 32}}\\n' >> inventory/lab/host_vars/gpufleet-02.yml"
+)
+BASELINES = ROOT / "benchmarks/baselines/quality"
+LAB_BASELINES = "*--glm-5--lab-sim.json"  # the lab's model and lane (the GPU class comes first in the name)
 
 
 def ok(proc, what: str) -> str:
@@ -60,12 +73,18 @@ def report(path) -> dict:
     return json.loads(path.read_text())
 
 
+def flat(text: str) -> str:
+    """What the operator reads, whitespace folded: the YAML result format folds and quotes messages ('' for ')."""
+    return " ".join(text.split()).replace("''", "'")
+
+
 @pytest.fixture(scope="module")
 def lab_hosts():
-    if Path(LAB_STATE).exists() or HOST_VARS.exists():
+    if Path(LAB_STATE).exists() or HOST_VARS.exists() or [*BASELINES.glob(LAB_BASELINES)]:
         pytest.fail(
-            f"a default lab ({LAB_STATE}) or {HOST_VARS} is there already: this test runs the README's commands on "
-            "the default lab and takes it down at the end; `make lab-down` and move inventory/lab/host_vars first",
+            f"a default lab ({LAB_STATE}), {HOST_VARS} or a lab baseline in {BASELINES} is there already: this test "
+            "runs the README's commands on the default lab and takes it down at the end; `make lab-down` and move "
+            "inventory/lab/host_vars and the baseline first",
             pytrace=False,
         )
     started = datetime.datetime.now(datetime.UTC).isoformat()
@@ -75,6 +94,8 @@ def lab_hosts():
         yield {"hosts": hosts, "started": started, "deploy": out}
     finally:
         lab("down", check=False)
+        for path in BASELINES.glob(LAB_BASELINES):  # written by the documented baseline command, not committed
+            path.unlink()
         for path in HOST_VARS.glob("*.yml") if HOST_VARS.exists() else []:
             path.unlink()
         if HOST_VARS.exists():
@@ -203,6 +224,51 @@ def test_the_upgrade_plan_shows_the_flags_of_the_cuda_13_lane_and_changes_nothin
     assert "+ --dsa-decode-backend trtllm" in out
     assert all(c["changed"] == 0 for c in recap(proc.stdout).values())
     assert {h: unit_state(hosts[h]) for h in SERVERS} == before
+
+
+def test_the_quality_baseline_then_a_gated_rollout_of_a_flag_change(lab_hosts):
+    hosts = lab_hosts["hosts"]
+    before = {h: unit_state(hosts[h]) for h in SERVERS}
+    write = "ansible-playbook playbooks/rollout.yml -l gpufleet-01 -e rollout_quality_gate_write_baseline=true"
+    out = flat(ok(doc_commands.run(write), "the quality baseline"))
+    (baseline_file,) = BASELINES.glob(LAB_BASELINES)
+    baseline = report(baseline_file)
+    assert (baseline["host"], baseline["hosts"], baseline["score"]) == ("gpufleet-01", {"gpufleet-01": 1.0}, 1.0)
+    assert f"QUALITY BASELINE written (nothing restarted): {baseline_file}: score 1.000 (38/38) from gpufleet-01" in out
+    assert {h: unit_state(hosts[h]) for h in SERVERS} == before
+    for host in SERVERS:
+        ok(doc_commands.run(FLAG_8192.format(host)), "the flag")
+    out = ok(doc_commands.run("ansible-playbook playbooks/rollout.yml -e rollout_quality_gate_enabled=true"), "gated")
+    assert "QUALITY GATE PASSED gpufleet-01: score 1.000 (38/38 exact) against the baseline 1.000" in flat(out), out
+    assert "ROLLOUT OK" in out
+    last = report(REPORTS / "rollout/last.json")
+    assert last["result"] == "ok" and last["hosts"] == dict.fromkeys(SERVERS, "updated"), last
+    assert list(last["quality_gate"]) == ["gpufleet-01"] and last["quality_gate"]["gpufleet-01"]["ok"] is True
+    for host in SERVERS:
+        assert "--chunked-prefill-size 8192" in unit_text(hosts[host])
+        assert unit_state(hosts[host])["start"] != before[host]["start"]
+    everyone = sorted(f"http://{hosts[h]['address']}:8000" for h in SERVERS)
+    assert healthy_urls(hosts[GATEWAY]["address"]) == everyone
+
+
+def test_tune_ranks_two_variants_on_one_server_and_leaves_it_as_the_inventory_says(lab_hosts):
+    hosts = lab_hosts["hosts"]
+    canary_unit, other = unit_text(hosts["gpufleet-02"]), unit_state(hosts["gpufleet-01"])
+    ok(doc_commands.run(TUNE_VARIANTS), "the variants")
+    tune = "ansible-playbook playbooks/tune.yml -e serving_bench_tune_canary=gpufleet-02"
+    out = flat(ok(doc_commands.run(tune), "tune.yml"))
+    assert "gpufleet-02 is back on its original configuration" in out, out[-3000:]
+    result = report(REPORTS / "tune/gpufleet-02.json")
+    assert result["finished_at"] >= lab_hosts["started"], result["finished_at"]
+    # --max-running-requests caps the simulated batch (lab/sglang-sim README, "Speed model"): at the lab's top
+    # concurrency (16) 4 running at once is far slower than 32
+    assert [v["name"] for v in result["ranking"]] == ["mrr-32", "mrr-4"], result["ranking"]
+    assert result["restored"] is True and result["control"]["ok"] is True
+    assert unit_text(hosts["gpufleet-02"]) == canary_unit and "--max-running-requests 64" in canary_unit
+    assert unit_state(hosts["gpufleet-01"]) == other
+    everyone = sorted(f"http://{hosts[h]['address']}:8000" for h in SERVERS)
+    assert healthy_urls(hosts[GATEWAY]["address"]) == everyone
+    assert "Tuning on gpufleet-02" in (REPORTS / "fleet-report.md").read_text()
 
 
 def test_make_lab_down_removes_the_lab(lab_hosts):
