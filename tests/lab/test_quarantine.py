@@ -13,6 +13,7 @@ In order:
    the record and the metric on the host say why and the remedy; no request fails;
 3. router.yml (deploy.yml's router stage) does not register the quarantined server and says so;
 4. a rollout of a flag change skips it and says so (ROLLOUT SKIPS, the report's `quarantined`), changes the others;
+   a benchmark of it (bench.yml, which takes a server out and puts it back) is refused, naming the release;
 5. the fault cleared, one command (remediate.yml -e fleet_remediation_action=release) restarts the server and puts it
    back into the gateway, the record and metric gone; no request fails; a second release changes nothing;
 6. the restart action (GpufleetLivenessGaveUp's) on another host under load: out, restarted, back, no failed request;
@@ -154,6 +155,21 @@ def test_a_rollout_skips_the_quarantined_host_and_says_so(fleet):
     for h in (SERVERS[0], SERVERS[2]):
         assert "--chunked-prefill-size 8192" in " ".join(unit_text(fleet[h]).split())
     assert healthy_urls(fleet[GATEWAY]["address"]) == sorted(url(fleet, h) for h in SERVERS if h != SICK)
+
+
+def test_a_benchmark_of_the_quarantined_host_is_refused_and_leaves_it_out(fleet):
+    """bench.yml takes a server out of the gateways and puts it back after: a quarantined one is refused before any
+    change, naming the release (before, its benchmark put it back into the gateway with the fault)."""
+    sick_unit = unit_text(fleet[SICK])
+    proc = play("playbooks/bench.yml", "-l", SICK, extra=extra())
+    assert proc.returncode != 0
+    out = seen(proc)
+    assert f"bench.yml refused before any change on {SICK}: it is quarantined since " in out, proc.stdout[-3000:]
+    release = f"ansible-playbook playbooks/remediate.yml -l {SICK} -e fleet_remediation_action=release"
+    assert f"release it first: {release}" in out
+    assert unit_text(fleet[SICK]) == sick_unit
+    assert healthy_urls(fleet[GATEWAY]["address"]) == sorted(url(fleet, h) for h in SERVERS if h != SICK)
+    assert all(not files for files in lock_files(fleet).values())
 
 
 def test_the_fault_cleared_one_command_releases_the_host(fleet):
