@@ -24,7 +24,7 @@ SCENARIO ?=
 MOLECULE_JOBS ?=
 LAB_UP_ARGS = --name $(LAB) up --hosts $(HOSTS) --routers $(ROUTERS) --monitors $(MONITORS) --profile $(PROFILE) $(if $(SUBNET),--subnet $(SUBNET))
 
-.PHONY: promtool sanity-venvs router-wheelhouse real-engine help setup apt venv collections bench-client bench deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-prune lab-tests lab-tests-1 lab-tests-2 molecule bench-lab real-kernel proxmox-demo
+.PHONY: promtool sanity-venvs router-wheelhouse rulebook-wheelhouse real-engine help setup apt venv collections bench-client bench deploy lab-up lab-cuda-mirror lab-testhub lab-wheelhouse lab-down lab-status test lint unit lab-prune lab-tests lab-tests-1 lab-tests-2 molecule bench-lab real-kernel proxmox-demo
 
 help:
 	@echo "make deploy        set up this machine, bring up the default lab (2 hosts) and run deploy.yml on it"
@@ -80,7 +80,7 @@ promtool:
 sanity-venvs: venv collections
 	.venv/bin/python tools/ansible_test_sanity.py --prime-venvs >/dev/null
 
-deploy: setup lab-up lab-cuda-mirror lab-testhub lab-wheelhouse router-wheelhouse
+deploy: setup lab-up lab-cuda-mirror lab-testhub lab-wheelhouse router-wheelhouse rulebook-wheelhouse
 	ansible-playbook deploy.yml
 
 lab-up: setup
@@ -102,6 +102,11 @@ lab-wheelhouse:
 router-wheelhouse:
 	.venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
 	  --require-hashes -r locks/smg/requirements.txt -d .cache/smg/wheelhouse
+
+# ansible-rulebook and the ansible-core it runs playbooks with, for the rulebook service's host (roles/fleet_rulebook).
+rulebook-wheelhouse:
+	.venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+	  --require-hashes -r locks/rulebook/requirements.txt -d .cache/rulebook/wheelhouse
 
 lab-down:
 	python -m gpufleet_lab --name $(LAB) down

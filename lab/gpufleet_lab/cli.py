@@ -32,7 +32,8 @@ def write_inventory(
 ) -> bool:
     """Write the Ansible inventory of a lab; True when the file changed. Hosts named in routers form the
     group fleet_routers (gateway hosts), the others sglang_servers; hosts named in monitors (gateway hosts too)
-    also form the group fleet_monitors (Prometheus and Alertmanager)."""
+    also form the groups fleet_monitors (Prometheus and Alertmanager) and fleet_rulebooks (the rulebook service that
+    acts on Alertmanager's alerts, beside it)."""
     import yaml  # only needed here: the rest of the tool runs on a bare system Python
 
     hosts = {i["name"]: {"ansible_host": i["address"], "gpusim_profile": i["profile"]} for i in instances}
@@ -53,6 +54,7 @@ def write_inventory(
                 "sglang_servers": {"hosts": servers},
                 **({"fleet_routers": {"hosts": {name: {} for name in hosts if name in routers}}} if routers else {}),
                 **({"fleet_monitors": {"hosts": {name: {} for name in hosts if name in monitors}}} if monitors else {}),
+                **({"fleet_rulebooks": {"hosts": {name: {} for name in hosts if name in monitors}}} if monitors else {}),
             }
         }
     }

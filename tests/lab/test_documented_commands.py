@@ -122,6 +122,10 @@ def test_make_deploy_runs_every_stage_and_the_readme_curl_answers(lab_hosts):
             state.startswith("active\n")
             and 'gpufleet_liveness_last_round_timestamp_seconds{unit="sglang-server.service"}' in state
         ), state
+    # the rulebook service beside the monitor (the lab's fleet_rulebooks), named in Alertmanager's receiver
+    gateway = lab_hosts["hosts"][GATEWAY]
+    assert on(gateway, "systemctl is-active gpufleet-rulebook").strip() == "active"
+    assert '"http://127.0.0.1:5000/alerts"' in on(gateway, "cat /etc/prometheus/alertmanager.yml")
 
 
 def test_a_second_deploy_changes_nothing(lab_hosts):

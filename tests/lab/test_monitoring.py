@@ -34,9 +34,12 @@ Round 2 (the gateway's own states one after the other, the GPU faults meanwhile)
   GpufleetRouterWorkersBelowBudget (no router lists a healthy worker) and GpufleetRouterErrorRate (smg answers errors);
   repair: playbooks/router.yml, the clients go on.
 
-Before the rounds, Event-Driven Ansible end to end: the collection's rulebook (ansible-rulebook on the controller,
-Alertmanager's webhook pointed at it) quarantines mon-01 for a failed row remapping on its GPU 3, from the alert, and
-the release (one command, after the fault is cleared) puts it back; GpufleetHostQuarantined fires and resolves.
+Event-Driven Ansible: monitoring.yml puts the rulebook service on the monitor's host (group fleet_rulebooks, as the
+lab's inventory has it: roles/fleet_rulebook) and names it in Alertmanager's receiver. The module's inventory turns
+every remediation off (fleet_remediation_*_enabled: false): the rounds' faults fire their alerts, the service runs the
+playbook, and it acts on nothing (a turned-off report, no quarantine). Before the rounds, with the quarantine turned
+on, the service quarantines mon-01 for a failed row remapping on its GPU 3, from the alert, and the release (one
+command, after the fault is cleared) puts it back; GpufleetHostQuarantined fires and resolves.
 
 GpufleetEngineRestarting, GpufleetRouterRestarting and GpufleetGpuEccUncorrected count over 15 minutes: they resolve
 15 minutes after the fault, longer than a test waits (their resolution is proven by the promtool unit tests,
@@ -48,7 +51,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -85,6 +87,11 @@ GROUP_VARS = (
     | yaml.safe_load((ROOT / "inventory/lab/group_vars/gpufleet_lab/fleet_monitor.yml").read_text())
 )
 THRESHOLDS = "/etc/prometheus/rules/gpufleet-thresholds.yml"  # rendered by fleet_monitor from the inventory
+REMEDIATIONS_OFF = dict.fromkeys(
+    ("fleet_remediation_restart_enabled", "fleet_remediation_quarantine_enabled", "fleet_remediation_prune_enabled"),
+    False,
+)
+RULEBOOK_REPORTS = "/var/lib/gpufleet-rulebook/reports/remediation"  # the service's (fleet_rulebook_data_dir)
 # How long each alert may take to fire after its fault: its `for:` (and what it must see first) + 45 s: scrapes and
 # evaluations every 5 s, the GPU metrics timer, Alertmanager's group_wait of 10 s, a machine shared with other work.
 # The alerts without a `for:` (counts over 15 minutes) fire at the first evaluation that sees the count move: 60 s.
@@ -144,14 +151,15 @@ def get_json(url: str, headers: dict | None = None) -> dict | list:
 def fleet(tmp_path_factory):
     work = tmp_path_factory.mktemp("mon")
     inventory = work / "inv" / "hosts.yml"
-    subprocess.run(["make", "-s", "router-wheelhouse"], cwd=ROOT, check=True, timeout=300)
+    for wheelhouse in ("router-wheelhouse", "rulebook-wheelhouse"):  # smg's, and the rulebook service's
+        subprocess.run(["make", "-s", wheelhouse], cwd=ROOT, check=True, timeout=300)
     result = lab_json("--name", NAME, "up", "--hosts", "2", "--host-names", ",".join(SERVERS), "--routers", "1",
                       "--monitors", "1", "--profile", "rtx-pro-6000x8-vm", "--inventory", str(inventory))  # fmt: skip
     hosts = {h["name"]: h for h in result["hosts"]}
     (inventory.parent / "group_vars").mkdir()
-    # the reports in the lab's work folder (a user's land in reports/<fleet>/)
-    group_vars = GROUP_VARS | {"sglang_server_report_dir": str(work / "reports/deploy"),
-                               "fleet_remediation_report_dir": str(work / "reports/remediation")}  # fmt: skip
+    # the reports in the lab's work folder (a user's land in reports/<fleet>/; the rulebook service's in its own), and
+    # every remediation turned off (the rulebook test turns the quarantine on for itself)
+    group_vars = GROUP_VARS | {"fleet_reports_dir": str(work / "reports"), **REMEDIATIONS_OFF}
     (inventory.parent / "group_vars/all.yml").write_text(json.dumps(group_vars, indent=1))
     (inventory.parent / "host_vars").mkdir()
     # mon-02's engine registers its GPU memory as leaking: it stays held if the engine dies (the simulator's fault)
@@ -259,59 +267,51 @@ def test_a_second_run_changes_nothing(fleet):
     assert recap and all("changed=0" in line for line in recap), recap
 
 
-def test_the_rulebook_quarantines_a_host_from_its_gpu_alert_and_one_command_releases_it(fleet):
-    """Event-Driven Ansible end to end: the collection's rulebook under the real ansible-rulebook (Java 17) on the
-    controller, a host with SSH to the fleet, listening on the lab bridge; Alertmanager's webhook pointed at it
-    (fleet_monitor_webhook_urls, then playbooks/monitoring.yml). A failed row remapping planted on mon-01's GPU 3 fires
-    GpufleetGpuRowRemapFailed; Alertmanager posts it; the rule runs playbooks/remediate.yml for mon-01: out of the
-    gateway, its quarantine record and metric; GpufleetHostQuarantined fires. The fault cleared, the release puts it
-    back and the quarantine's alert resolves. It runs before the fault rounds: their uncorrected ECC error on mon-01
-    keeps GpufleetGpuEccUncorrected firing for 15 minutes, which the rulebook would quarantine the host for first. The
-    webhook is taken out again at the end (a webhook nobody answers fires GpufleetAlertDeliveryFailing)."""
+def group_vars(fleet, **changes) -> None:
+    """The module's inventory (group_vars/all.yml) with ``changes``; monitoring.yml copies it to the rulebook
+    service."""
+    path = fleet["inventory"].parent / "group_vars/all.yml"
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes, indent=1))
+
+
+def test_the_rulebook_service_quarantines_a_host_from_its_gpu_alert_and_one_command_releases_it(fleet):
+    """Event-Driven Ansible end to end, as deployed: the rulebook service (roles/fleet_rulebook: ansible-rulebook with
+    Java 17 under systemd on the monitor's host, its own SSH key, a copy of the inventory) is Alertmanager's receiver.
+    With the quarantine turned on in the inventory (monitoring.yml again: the copy), a failed row remapping planted
+    on mon-01's GPU 3 fires GpufleetGpuRowRemapFailed; Alertmanager posts it; the service's rule runs
+    playbooks/remediate.yml for mon-01: out of the gateway, its quarantine record and metric, the report in the
+    service's folder; GpufleetHostQuarantined fires. The fault cleared, the release (a person's command, from the
+    controller) puts it back and the quarantine's alert resolves; the quarantine is turned off again."""
     h1, gw = fleet["hosts"]["mon-01"], fleet["hosts"][GATEWAY]
-    bridge = on(h1, "ip -4 route show default | awk '{print $3}'").strip()  # the controller, as the lab hosts see it
-    with socket.socket() as sock:
-        sock.bind((bridge, 0))
-        port = sock.getsockname()[1]
-    work = fleet["work"]
-    (work / "rulebook-vars.yml").write_text(
-        json.dumps({"remediation_listen_host": bridge, "remediation_listen_port": port})
-    )
-    # the inventory folder below, not its hosts.yml: ansible-rulebook copies a file alone, without its group_vars
-    env = dict(
-        os.environ,
-        ANSIBLE_FORCE_COLOR="0",
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_COLLECTIONS_PATH=str(ROOT / "collections"),
-        ANSIBLE_CACHE_PLUGIN_CONNECTION=str(work / ".facts"),
-        PATH=f"{ROOT / '.venv/bin'}:{os.environ['PATH']}",
-    )
-    log = work / "rulebook.log"
-    with log.open("w") as out:
-        rulebook = subprocess.Popen(
-            [str(ROOT / ".venv/bin/ansible-rulebook"), "-r", "gpufleet.fleet.remediation", "-v",
-             "-i", str(fleet["inventory"].parent), "--vars", str(work / "rulebook-vars.yml")],
-            cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    assert on(gw, "systemctl is-active gpufleet-rulebook.service").strip() == "active"
+    assert 'url: "http://127.0.0.1:5000/alerts"' in on(gw, "cat /etc/prometheus/alertmanager.yml")
+    # its key is its own (made on the gateway host), authorized on mon-01; the service runs unprivileged
+    assert on(gw, "stat -c '%U %a' /var/lib/gpufleet-rulebook/.ssh/id_ed25519").strip() == "gpufleet-rulebook 600"
+    public = on(gw, "cat /var/lib/gpufleet-rulebook/.ssh/id_ed25519.pub").split()[1]
+    assert public in on(h1, "cat /root/.ssh/authorized_keys")
+    owner = on(gw, "ps -o user= -p $(systemctl show -p MainPID --value gpufleet-rulebook)").strip()
+    assert owner == "gpufleet-rulebook"
     record = "/var/lib/gpufleet/quarantine.json"
+    group_vars(fleet, fleet_remediation_quarantine_enabled=True)
     try:
-        rc, out = playbook(fleet, "playbooks/monitoring.yml", "-e",
-                           json.dumps({"fleet_monitor_webhook_urls": [f"http://{bridge}:{port}/alerts"]}))  # fmt: skip
+        rc, out = playbook(fleet, "playbooks/monitoring.yml")
         assert rc == 0, out[-4000:]
-        assert f"http://{bridge}:{port}/alerts" in on(gw, "cat /etc/prometheus/alertmanager.yml")
-        assert rulebook.poll() is None, log.read_text()[-4000:]
         planted = time.monotonic()
         gpusim_profile(h1, "p['gpus'][3]['q'] = {'Remapped Rows / Remapping Failure Occurred': 'Yes'}")
         remap, quarantined = ("GpufleetGpuRowRemapFailed", "mon-01"), ("GpufleetHostQuarantined", "mon-01")
         fired = wait_for(fleet, {remap: ""}, True, BOUND_FIRE_S, {remap: planted})
 
-        # then Alertmanager's group_wait, the rulebook and the run (the drain of mon-01's own requests)
-        def recorded() -> str:
-            assert rulebook.poll() is None, log.read_text()[-4000:]
-            return on(h1, f"cat {record} 2>/dev/null || true").strip()
+        # then Alertmanager's group_wait, the service's run (the drain of mon-01's own requests)
+        def journal() -> str:
+            return on(gw, "journalctl -u gpufleet-rulebook --no-pager | tail -60")
 
         quarantine = json.loads(
-            wait_until("mon-01's quarantine record", recorded, 180, lambda: log.read_text()[-4000:])
+            wait_until(
+                "mon-01's quarantine record",
+                lambda: on(h1, f"cat {record} 2>/dev/null || true").strip(),
+                180,
+                journal,
+            )
         )
         quarantined_after = round(time.monotonic() - planted, 1)
         assert quarantine["alert"] == "GpufleetGpuRowRemapFailed" and "mon-01" in quarantine["reason"], quarantine
@@ -321,7 +321,14 @@ def test_the_rulebook_quarantines_a_host_from_its_gpu_alert_and_one_command_rele
             f"http://{fleet['hosts']['mon-02']['address']}:8000"
         ]
         fired |= wait_for(fleet, {quarantined: ""}, True, {"GpufleetHostQuarantined": 60 + 45}, {quarantined: planted})
-        (report,) = [json.loads(p.read_text()) for p in (work / "reports/remediation").glob("*-mon-01-quarantine.json")]
+        report = json.loads(
+            wait_until(
+                "the service's report",
+                lambda: on(gw, f"cat {RULEBOOK_REPORTS}/*-mon-01-quarantine.json 2>/dev/null || true").strip(),
+                60,
+                journal,
+            )
+        )
         assert report["result"] == "quarantined" and report["alert"] == "GpufleetGpuRowRemapFailed"
         # the person: the GPU fixed (the profile as it was), then one command
         gpusim_profile(h1, None)
@@ -342,14 +349,10 @@ def test_the_rulebook_quarantines_a_host_from_its_gpu_alert_and_one_command_rele
         wait_until("a quiet fleet again", lambda: {a for a in firing(fleet) if a[0].startswith("Gpufleet")} == quiet,
                    BOUND_RESOLVE_DEFAULT_S + 60, lambda: str(firing(fleet)))  # fmt: skip
     finally:
-        rc, out = playbook(fleet, "playbooks/monitoring.yml")  # the inventory's webhooks again (none)
-        assert rc == 0, out[-4000:]
-        rulebook.terminate()
-        try:
-            rulebook.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            rulebook.kill()
         gpusim_profile(h1, None)
+        group_vars(fleet, **REMEDIATIONS_OFF)
+        rc, out = playbook(fleet, "playbooks/monitoring.yml")  # the copy with every remediation off again
+        assert rc == 0, out[-4000:]
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     measured = {"GpufleetGpuRowRemapFailed fired_after_s": fired[remap], "quarantined_after_s": quarantined_after,
                 "GpufleetHostQuarantined fired_after_s": fired[quarantined]}  # fmt: skip
@@ -486,6 +489,16 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
     }
     plant(round1)
     fired |= wait_for(fleet, round1, True, BOUND_FIRE_S, planted)
+    # the remediations are turned off: the rulebook service ran the quarantine for mon-01's GPU alerts and it acted on
+    # nothing (its turned-off report, no record, mon-01 still a worker of the gateway)
+    turned_off = wait_until(
+        "the service's turned-off report for mon-01",
+        lambda: on(gw, f"ls {RULEBOOK_REPORTS} 2>/dev/null | grep -- '-mon-01-quarantine-turned-off.json$' || true"),
+        120,
+        lambda: on(gw, "journalctl -u gpufleet-rulebook --no-pager | tail -40"),
+    )
+    assert turned_off and on(h1, "ls /var/lib/gpufleet/quarantine.json 2>/dev/null || true").strip() == ""
+    assert h1["address"] in " ".join(w["url"] for w in router_workers(fleet))
     # round 1: the repairs
     on(h1, f": > {FAULT_FILE}")
     gpusim_profile(h1, None)

@@ -108,6 +108,24 @@ def test_rendered_files_are_what_prometheus_reads(tmp_path):
                                                                              "send_resolved": False}]}  # fmt: skip
 
 
+def test_the_rulebook_services_are_alertmanagers_receivers_their_tokens_in_files(tmp_path):
+    """fleet_rulebook's webhooks (entry point webhooks): a service on the monitor's host by loopback, with no token; one
+    on another host with its token sent from a file only Alertmanager reads (never in alertmanager.yml)."""
+    token = "rb-token-0123456789abcdef"
+    hooks = [{"host": "mon-01", "url": "http://127.0.0.1:5000/alerts", "token": ""},
+             {"host": "eda-01", "url": "http://10.0.0.9:5000/alerts", "token": token}]  # fmt: skip
+    out = render(tmp_path, fleet_rulebook_webhooks=hooks, fleet_monitor_webhook_urls=["https://hooks.example/a"])
+    text = (out / "alertmanager.yml").read_text()
+    assert token not in text
+    receivers = {r["name"]: r for r in yaml.safe_load(text)["receivers"]}
+    assert receivers["gpufleet"]["webhook_configs"] == [
+        {"url": "https://hooks.example/a", "send_resolved": True},
+        {"url": "http://127.0.0.1:5000/alerts", "send_resolved": True},
+        {"url": "http://10.0.0.9:5000/alerts", "send_resolved": True,
+         "http_config": {"authorization": {"credentials_file": "/etc/prometheus/gpufleet-rulebook/eda-01.token"}}},
+    ]  # fmt: skip
+
+
 def test_alerts_fire_against_the_rendered_thresholds(tmp_path):
     """The alert rules and the thresholds the role renders fit: a TTFT p99 above the inventory's 2.5 s fires."""
     out = render(tmp_path, fleet_monitor_thresholds={"NVIDIA H200 x8": {"ttft_p99_s": 2.5}})

@@ -20,6 +20,8 @@ CONTROLLER_WORDS = ("role_path", "playbook_dir", "inventory_dir", "_project_dir"
 EXPECTED = {
     "fleet_router_project_dir": ".",
     "fleet_router_wheelhouse": ".cache/smg/wheelhouse",
+    "fleet_rulebook_project_dir": ".",
+    "fleet_rulebook_wheelhouse": ".cache/rulebook/wheelhouse",
     "fleet_remediation_report_dir": "reports/remediation",
     "gpu_facts_report_dir": "reports/gpu_facts",
     "ml_env_locks_dir": "locks",
