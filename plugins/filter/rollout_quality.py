@@ -11,6 +11,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_quality_eval
     baseline_problems,
     check_eval_set,
     eval_set_digest,
+    nan_check_on,
 )
 
 
@@ -37,14 +38,14 @@ def rollout_quality_key(host_vars, model: str, default_lane: str = "", deployed_
     lane = str(deployed_lane or hv.get("ml_env_lock") or default_lane or "default")
     model = str(model or "default")
     flags = hv.get("sglang_server_flags") or hv.get("sglang_server_inventory_flags") or {}
-    nan = flags.get("enable-nan-detection", False) if isinstance(flags, dict) else False
     return {
         "gpu_class": cls,
         "model": model,
         "lane": lane,
         "file": baseline_file(cls, model, lane),
-        # the host's merged flags have enable-nan-detection (SGLang logs NaN logits only then)
-        "nan_detection": str(nan).lower() in ("true", "1", "yes", "on"),
+        # SGLang logs NaN logits only with enable-nan-detection in the host's merged flags (0.5.9, 0.5.10.post1) or
+        # SGLANG_SANITIZE_NAN_LOGITS / SGLANG_ENABLE_NAN_LOGITS_CHECK in its environment (0.5.23)
+        "nan_detection": nan_check_on(flags, hv.get("sglang_server_environment")),
     }
 
 

@@ -262,8 +262,11 @@ RETIRED: dict[str, dict] = {
     "--enable-expert-distribution-metrics": _gone("0.5.23", _NO_REPLACEMENT, 5011),
     "--enable-nan-detection": _gone(
         "0.5.23",
-        "deprecated in 0.5.10 for the environment variables SGLANG_SPEC_NAN_DETECTION=1 and "
-        "SGLANG_SPEC_OOB_DETECTION=1 (its help), gone in 0.5.23: set them in sglang_server_environment",
+        "deprecated in 0.5.10 for SGLANG_SPEC_NAN_DETECTION=1 and SGLANG_SPEC_OOB_DETECTION=1 (its help), gone in "
+        "0.5.23, which has neither variable: set SGLANG_SANITIZE_NAN_LOGITS=1 in sglang_server_environment (NaN "
+        "logits sanitized and one warning logged, which the quality gate reads; environ.py:1511, "
+        "utils/async_probe.py:72-82) or SGLANG_ENABLE_NAN_LOGITS_CHECK=1 (a device-side assert that ends the "
+        "server; environ.py:516)",
         5520,
     ),
     "--enable-nsa-prefill-context-parallel": _gone("0.5.23", _PREFILL_CP, 5650),

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import re
+import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,8 +24,29 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_syste
 EVAL_SCHEMA = "gpufleet.quality_eval/v1"
 BASELINE_SCHEMA = "gpufleet.quality_baseline/v1"
 MATCHERS = ("exact", "numeric")
-# SGLang 0.5.9 layers/sampler.py, logged per decode step with --enable-nan-detection only.
-NAN_PATTERNS = (r"NaN in the logits",)
+# SGLang's lines for NaN logits, per engine version (a pattern per line; docs/quality-gate.md, "NaN detection"):
+# - 0.5.9 and 0.5.10.post1 layers/sampler.py:67 (0.5.10.post1: 68), with --enable-nan-detection only, a WARNING per
+#   decode step: "Detected errors during sampling! NaN in the logits." (the NaN logits become -1e5, serving goes on);
+# - 0.5.23 utils/async_probe.py:40-46, with SGLANG_SANITIZE_NAN_LOGITS=1, one WARNING per process: "NaN detected in
+#   sampler: next_token_logits; values were sanitized before sampling. ..." (the logits sanitized, serving goes on);
+# - 0.5.23 utils/async_probe.py:118-159, with SGLANG_ENABLE_NAN_LOGITS_CHECK=1, a device-side assert "NaN detected!
+#   sampler: next_token_logits" that ends the server through the scheduler's exception (scheduler.py:6370-6373).
+NAN_PATTERNS = (r"NaN in the logits", r"NaN detected in \S.*values were sanitized", r"NaN detected! ")
+# The environment variables that turn 0.5.23's NaN checks on (environ.py:516 and 1511, EnvBool: true/1/yes/y);
+# --enable-nan-detection is gone there (0.5.10.post1 deprecated it for SGLANG_SPEC_NAN_DETECTION, which 0.5.23 no
+# longer has either).
+NAN_ENV = ("SGLANG_SANITIZE_NAN_LOGITS", "SGLANG_ENABLE_NAN_LOGITS_CHECK")
+TRUE_WORDS = ("true", "1", "yes", "y", "on")
+
+
+def nan_check_on(flags, environment) -> bool:
+    """Whether the server logs NaN logits: the flag enable-nan-detection (0.5.9, 0.5.10.post1) or one of ``NAN_ENV``
+    in its environment (0.5.23), each as SGLang reads it."""
+    flags = flags if isinstance(flags, dict) else {}
+    environment = environment if isinstance(environment, dict) else {}
+    values = [flags.get("enable-nan-detection", False), *(environment.get(name, "") for name in NAN_ENV)]
+    return any(str(v).strip().lower() in TRUE_WORDS for v in values)
+
 
 # The module's options and their defaults (plugins/modules/sglang_quality_eval.py documents them).
 EVAL_OPTIONS = {
@@ -295,6 +317,15 @@ def ask_item(post, item: dict, served_name: str, p: dict) -> dict:
     return out
 
 
+def unit_environment(unit: str, runner=run) -> dict:
+    """The Environment= variables of ``unit`` (systemctl show), {} when it cannot say."""
+    rc, out, _err = runner(["systemctl", "show", "-p", "Environment", "--value", unit])
+    if rc != 0:
+        return {}
+    pairs = (word.split("=", 1) for word in shlex.split(out.strip()) if "=" in word)
+    return dict(pairs)
+
+
 def nan_journal_lines(unit: str, patterns, runner=run) -> list[str]:
     """Lines of the running start of ``unit`` matching ``patterns`` (SGLang's NaN warning), at most 20."""
     inv = unit_state(unit, runner).get("invocation_id", "")
@@ -331,7 +362,11 @@ def run_eval(p: dict, no_log_values=None) -> dict:
     items = p["eval_set"]["items"]
     with ThreadPoolExecutor(max_workers=max(1, int(p["concurrency"]))) as pool:
         results = list(pool.map(lambda it: ask_item(post, it, p["served_name"], p), items))
+    # 0.5.9/0.5.10.post1 report the flag in /get_server_info; 0.5.23's checks are environment variables only (its
+    # server info has no such field): the unit's environment says
     nan_detection = bool(info.get("enable_nan_detection")) if info else None
+    if p["unit"] and not nan_detection:
+        nan_detection = nan_check_on({}, unit_environment(p["unit"])) or nan_detection
     nan_lines = []
     if p["unit"] and nan_detection:
         nan_lines = nan_journal_lines(p["unit"], p["nan_patterns"])

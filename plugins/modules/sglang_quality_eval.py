@@ -14,7 +14,8 @@ description:
   - The score is the share of exact answers. With I(baseline), the verdict C(ok) is whether the score is at least
     the baseline's score minus I(allowed_drop); C(reason) names the score, the baseline, the floor and the worst
     items (prompt, expected, got), the regressions (items the baseline answered right) first.
-  - Reads C(/get_server_info); when the engine runs with C(--enable-nan-detection) and I(unit) is set, the journal of
+  - Reads C(/get_server_info); when the engine runs with C(--enable-nan-detection) (0.5.9, 0.5.10), or the unit's
+    environment sets C(SGLANG_SANITIZE_NAN_LOGITS) or C(SGLANG_ENABLE_NAN_LOGITS_CHECK) (0.5.23), and I(unit) is set, the journal of
     the unit's running start is searched for SGLang's NaN line (I(nan_patterns)); any such line fails the verdict.
   - Never changes anything and never fails on a low score (the caller acts on C(ok)); it fails only on an
     evaluation set that cannot be used. Sends an C(Authorization) Bearer header when there is an API key; the key
@@ -73,10 +74,11 @@ options:
     type: str
     default: ""
   nan_patterns:
-    description: "Regexes of the journal lines that fail the verdict (SGLang 0.5.9's NaN warning)."
+    description: "Regexes of the journal lines that fail the verdict: SGLang 0.5.9's and 0.5.10's NaN warning, 0.5.23's
+      sanitized-NaN warning (C(SGLANG_SANITIZE_NAN_LOGITS)) and its NaN assert (C(SGLANG_ENABLE_NAN_LOGITS_CHECK))."
     type: list
     elements: str
-    default: ["NaN in the logits"]
+    default: ["NaN in the logits", "NaN detected in \\S.*values were sanitized", "NaN detected! "]
   baseline:
     description: "The stored baseline (C(gpufleet.quality_baseline/v1)); empty = measure only (C(ok) is null)."
     type: dict

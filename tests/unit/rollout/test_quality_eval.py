@@ -6,6 +6,7 @@ it) against the lab's simulated engine on loopback: healthy, partial-quality, wr
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -194,6 +195,42 @@ def test_the_key_of_a_host_names_its_class_model_and_lane():
     # the benchmarks' class override wins; ml-env's default lock when the host names none; no NaN flag
     key = rollout_quality_key({"serving_bench_gpu_class": "My Class x8"}, "qwen3", "sglang-cu128")
     assert key["file"] == "my-class-x8--qwen3--sglang-cu128.json" and key["nan_detection"] is False
+
+
+def test_nan_detection_is_the_flag_on_0_5_9_and_an_environment_variable_on_0_5_23():
+    hv = {"serving_bench_gpu_class": "X x8", "sglang_server_environment": {"SGLANG_SANITIZE_NAN_LOGITS": "1"}}
+    assert rollout_quality_key(hv, "glm-5", "sglang-cu130")["nan_detection"] is True
+    assert q.nan_check_on({}, {"SGLANG_ENABLE_NAN_LOGITS_CHECK": "yes"}) is True  # EnvBool: true/1/yes/y
+    assert q.nan_check_on({"enable-nan-detection": "true"}, {}) is True
+    assert q.nan_check_on({}, {"SGLANG_SANITIZE_NAN_LOGITS": "0", "SGLANG_SPEC_NAN_DETECTION": "1"}) is False
+    assert q.nan_check_on(None, None) is False
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # 0.5.9 layers/sampler.py:67
+        "[2026-12-05 06:00:01 TP0] Detected errors during sampling! NaN in the logits.",
+        # 0.5.23 utils/async_probe.py:40-46 (SGLANG_SANITIZE_NAN_LOGITS)
+        "[2026-12-07 12:00:01 TP0] NaN detected in sampler: next_token_logits; values were sanitized before sampling. "
+        "This usually indicates numerical overflow (e.g. fp16 activations) or an upstream bug producing NaN. Logged "
+        "once; further occurrences are silent.",
+        # 0.5.23 utils/async_probe.py:118-159 (SGLANG_ENABLE_NAN_LOGITS_CHECK), in the scheduler's traceback
+        "Assertion `NaN detected! sampler: next_token_logits` failed.",
+    ],
+)
+def test_every_versions_nan_line_is_found(line):
+    assert any(re.search(p, line) for p in q.NAN_PATTERNS)
+
+
+def test_the_units_environment_is_read_from_systemd():
+    def runner(argv):
+        assert argv == ["systemctl", "show", "-p", "Environment", "--value", "sglang-server.service"]
+        return 0, 'SGLANG_SANITIZE_NAN_LOGITS=1 "NCCL_DEBUG=WARN" CUDA_VISIBLE_DEVICES=0,1\n', ""
+
+    env = q.unit_environment("sglang-server.service", runner)
+    assert env == {"SGLANG_SANITIZE_NAN_LOGITS": "1", "NCCL_DEBUG": "WARN", "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert q.unit_environment("x.service", lambda argv: (1, "", "no such unit")) == {}
 
 
 # ---------------------------------------------------------------- the module against the simulated engine

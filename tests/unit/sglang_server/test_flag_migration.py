@@ -158,7 +158,10 @@ def test_a_retired_option_without_a_mapping_is_reported_by_name_and_left_as_it_w
     assert [u["option"] for u in result["unmapped"]] == ["--enable-nan-detection", "--torchao-config"]
     why = result["unmapped"][0]["why"]
     assert why.startswith("--enable-nan-detection is not an option of SGLang 0.5.23 (retired in 0.5.23: deprecated in")
-    assert "SGLANG_SPEC_NAN_DETECTION=1" in why and why.endswith("server_args.py:5520) and no migration rule maps it")
+    # 0.5.23's own variables (environ.py:516, 1511), not 0.5.10's SGLANG_SPEC_* (0.5.23 has neither)
+    assert "0.5.23, which has neither variable: set SGLANG_SANITIZE_NAN_LOGITS=1 in sglang_server_environment" in why
+    assert "SGLANG_ENABLE_NAN_LOGITS_CHECK=1" in why
+    assert why.endswith("server_args.py:5520) and no migration rule maps it")
     assert result["flags"]["enable-nan-detection"] is True
     assert diff(result)[-1].startswith("! --torchao-config int4wo-128: --torchao-config is not an option")
 

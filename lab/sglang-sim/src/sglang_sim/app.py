@@ -201,13 +201,14 @@ class App:
             kv_tokens=self.kv_tokens,
             cuda_graph=not args.disable_cuda_graph,
             cuda_graph_max_bs=args.cuda_graph_max_bs,
-            nan_detection=bool(args.enable_nan_detection),
+            nan_mode=engines.nan_mode(EMULATED_SGLANG_VERSION, bool(args.enable_nan_detection)),
             metrics=self.metrics,
             page_size=self.page_size,
             decode_log_interval=int(args.decode_log_interval or 40),
         )
         self._silence_read_at, self._silence = 0.0, None
         self.engine.rank_silence = self.rank_silence
+        self.engine.fatal = self._scheduler_exception
         # TokenizerManager.server_status of 0.5.9: Starting -> Up (warm-up done / health check passed),
         # UnHealthy after a failed health check
         self.server_status = "Starting"
@@ -695,6 +696,13 @@ class App:
             if line.startswith("error"):
                 child.error = line[len("error") :].strip()
                 self._fail(child)
+
+    def _scheduler_exception(self, text: str) -> None:
+        """A scheduler's exception while serving (run_scheduler_process: logged, SIGQUIT to the main process, whose
+        running_phase_sigquit_handler kills the whole tree): the server ends by SIGKILL."""
+        log(f"Scheduler hit an exception: Traceback (most recent call last):\n{text}", "TP0")
+        log("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+        kill_process_tree(os.getpid(), include_parent=True)
 
     def _fail(self, child: Child) -> int:
         self.state = "failed"

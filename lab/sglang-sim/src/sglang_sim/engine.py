@@ -47,6 +47,16 @@ from .log import log
 from .metrics import SglangMetrics
 
 NAN_LOG = "Detected errors during sampling! NaN in the logits."
+# 0.5.23 utils/async_probe.py:40-46 (SGLANG_SANITIZE_NAN_LOGITS: logged once) and :118-159
+# (SGLANG_ENABLE_NAN_LOGITS_CHECK: the device-side assert's message, in the scheduler's exception)
+NAN_SANITIZED = (
+    "NaN detected in sampler: next_token_logits; values were sanitized before sampling. This usually indicates "
+    "numerical overflow (e.g. fp16 activations) or an upstream bug producing NaN. Logged once; further occurrences are "
+    "silent."
+)
+NAN_ASSERT = (
+    "torch.AcceleratorError: CUDA error: device-side assert triggered: NaN detected! sampler: next_token_logits"
+)
 # managers/scheduler_output_processor_mixin.py:38: a non-streamed request is sent to the tokenizer every 50 tokens
 DEFAULT_FORCE_STREAM_INTERVAL = 50
 # managers/scheduler.py:811-823 with environ.py:225-227 (SGLANG_INIT_NEW_TOKEN_RATIO 0.7, factor 0.14, 600 steps)
@@ -138,13 +148,16 @@ class Engine:
         kv_tokens: int = 100_000,
         cuda_graph: bool = True,
         cuda_graph_max_bs: int | None = None,
-        nan_detection: bool = False,
+        nan_mode: str = "",
         metrics: SglangMetrics | None = None,
         page_size: int = 1,
         decode_log_interval: int = 40,
     ):
         self.model_name = model_name
-        self.nan_detection = nan_detection
+        self.nan_mode = nan_mode  # engines.nan_mode: what this version does with NaN logits
+        self.nan_warned = False
+        # the scheduler's fatal exception (set by the server: its crash path); None: the engine alone, nothing ends
+        self.fatal: Callable[[str], None] | None = None
         # time.time() of the last output the "detokenizer" handed back (TokenizerManager.last_receive_tstamp)
         self.last_receive_tstamp = 0.0
         # set when the scheduler hangs (fault hang-after-ready): no request gets another token
@@ -418,10 +431,15 @@ class Engine:
                 time.sleep(wait)
             while self.hung.is_set():  # a stuck scheduler: nothing comes back, ever
                 time.sleep(3600)
-            if faults.nan_output and self.nan_detection:
+            if faults.nan_output and self.nan_mode == "warn":
                 # layers/sampler.py Sampler._preprocess_logits: one warning per decode step, only with
                 # --enable-nan-detection (then the NaN logits become -1e5: still token 0, still "!")
                 log(NAN_LOG, "TP0")
+            elif faults.nan_output and self.nan_mode == "sanitize" and not self.nan_warned:
+                self.nan_warned = True  # 0.5.23: sanitized to -1e30 (still token 0), one warning per process
+                log(NAN_SANITIZED, "TP0")
+            elif faults.nan_output and self.nan_mode == "check" and self.fatal is not None:
+                self.fatal(NAN_ASSERT)
             if i == 0:
                 ttft = time.monotonic() - t_start
             with self.cond:

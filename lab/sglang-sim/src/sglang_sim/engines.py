@@ -70,6 +70,27 @@ SERVER_INFO_EXTRA = {"0.5.23": ("launch_command", "kv_events", "startup_time", "
 DSA_BACKEND = {"0.5.23": "dsa"}
 
 
+# What a version does with NaN logits (engine.py emits each): 0.5.9 and 0.5.10.post1 warn at every decode step with
+# --enable-nan-detection (layers/sampler.py:66-72; 0.5.10.post1 :67-73); 0.5.23 has no such flag but two environment
+# variables (environ.py:516, :1511; EnvBool: true/1/yes/y): SGLANG_ENABLE_NAN_LOGITS_CHECK (or
+# SGLANG_ENABLE_ASYNC_ASSERT, environ.py:515) asserts on the device, which ends the server
+# (utils/async_probe.py:118-159, managers/scheduler.py:6370-6373), else SGLANG_SANITIZE_NAN_LOGITS sanitizes and warns
+# once (async_probe.py:40-82).
+_TRUE = ("true", "1", "yes", "y")
+
+
+def nan_mode(version: str, flag: bool, environ=None) -> str:
+    """'warn' (every step), 'sanitize' (one warning), 'check' (fatal) or '' (NaN logits go unseen)."""
+    environ = os.environ if environ is None else environ
+    if version != "0.5.23":
+        return "warn" if flag else ""
+    names = ("SGLANG_ENABLE_NAN_LOGITS_CHECK", "SGLANG_ENABLE_ASYNC_ASSERT", "SGLANG_SANITIZE_NAN_LOGITS")
+    on = {name for name in names if environ.get(name, "").strip().lower() in _TRUE}
+    if on & {"SGLANG_ENABLE_NAN_LOGITS_CHECK", "SGLANG_ENABLE_ASYNC_ASSERT"}:
+        return "check"
+    return "sanitize" if on else ""
+
+
 class UnknownEngineVersion(SystemExit):
     """An engine version the simulator has no data for: the start ends (exit 2) naming the variable and the choices."""
 
