@@ -32,7 +32,10 @@ Round 2 (the gateway's own states one after the other, the GPU faults meanwhile)
 * mon-02: the GPU metrics timer stopped -> GpufleetGpuMetricsStale;
 * the gateway: every worker removed from smg while clients keep calling it -> GpufleetRouterNoHealthyWorkers,
   GpufleetRouterWorkersBelowBudget (no router lists a healthy worker) and GpufleetRouterErrorRate (smg answers errors);
-  repair: playbooks/router.yml, the clients go on.
+  repair: playbooks/router.yml, the clients go on; the rulebook service stopped before -> GpufleetAlertDeliveryFailing
+  (Alertmanager cannot deliver those alerts to its receiver); repair: started.
+
+Last, Alertmanager stopped -> GpufleetAlertmanagerDown, read from Prometheus' own API; repair: started.
 
 Event-Driven Ansible: monitoring.yml puts the rulebook service on the monitor's host (group fleet_rulebooks, as the
 lab's inventory has it: roles/fleet_rulebook) and names it in Alertmanager's receiver. The module's inventory turns
@@ -116,6 +119,8 @@ BOUND_FIRE_S = {
     "GpufleetRouterNoHealthyWorkers": 30 + 45,
     "GpufleetRouterWorkersBelowBudget": 30 + 45,
     "GpufleetRouterErrorRate": 60 + 10 + 45,  # the 2m rate needs two scrapes that saw errors first
+    "GpufleetAlertDeliveryFailing": 60 + 45,  # Alertmanager's group_wait (10 s), its failed attempt, a scrape
+    "GpufleetAlertmanagerDown": 60 + 45,  # read from Prometheus' API (Alertmanager's is gone)
 }
 # ... and to resolve after its repair: the next scrapes and evaluation, 90 s; the error rate is over 2 minutes, so
 # the errors leave it 2 minutes after the last one.
@@ -191,6 +196,17 @@ def query(fleet, expr: str) -> list:
     answer = get_json(url)
     assert answer["status"] == "success", answer
     return answer["data"]["result"]
+
+
+def since(start: float) -> float:
+    """Seconds from ``start`` (monotonic), at least 0.1 (a wait's truthy value)."""
+    return max(0.1, round(time.monotonic() - start, 1))
+
+
+def prometheus_alerts(fleet, state: str = "") -> set[tuple[str, str]]:
+    """(alertname, instance) of the alerts Prometheus' own API holds (pending and firing, or only ``state``)."""
+    alerts = get_json(f"{prometheus(fleet)}/api/v1/alerts")["data"]["alerts"]
+    return {(a["labels"]["alertname"], a["labels"].get("instance", "")) for a in alerts if state in ("", a["state"])}
 
 
 def firing(fleet) -> set[tuple[str, str]]:
@@ -542,19 +558,25 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
     every_router = {("GpufleetRouterWorkersBelowBudget", ""): "", ("GpufleetRouterWorkerMissing", ""): ""}
     resolved |= wait_for(fleet, {router_down: "", **every_router}, False, BOUND_RESOLVE_S, repaired_at)
 
-    # round 2: every worker removed from smg while clients call the gateway
+    # round 2: every worker removed from smg while clients call the gateway; the rulebook service (Alertmanager's
+    # receiver) stopped first, so the notifications of the alerts that follow fail
     no_healthy, errors = ("GpufleetRouterNoHealthyWorkers", GATEWAY), ("GpufleetRouterErrorRate", GATEWAY)
+    delivery = ("GpufleetAlertDeliveryFailing", GATEWAY)
     budget, missing_all = every_router
+    on(gw, "systemctl stop gpufleet-rulebook.service")
     for worker in router_workers(fleet):
         remove_worker(fleet, worker)
     clients = Clients(fleet)
     clients.start()
     try:
         removed = "every worker removed from smg"
-        plant({no_healthy: removed, budget: removed, missing_all: removed, errors: "clients of a gateway, no worker"})
-        fired |= wait_for(fleet, {k: faults[k] for k in (no_healthy, budget, missing_all, errors, collector, stale,
-                                                         thresholds)}, True, BOUND_FIRE_S, planted)  # fmt: skip
-        # round 2: the repairs (the clients go on)
+        plant({no_healthy: removed, budget: removed, missing_all: removed, errors: "clients of a gateway, no worker",
+               delivery: "the rulebook service, Alertmanager's receiver, stopped"})  # fmt: skip
+        round2 = (no_healthy, budget, missing_all, errors, collector, stale, thresholds, delivery)
+        fired |= wait_for(fleet, {k: faults[k] for k in round2}, True, BOUND_FIRE_S, planted)
+        # round 2: the repairs (the clients go on); the failed deliveries stay in the alert's 10m window (its
+        # resolution: the promtool tests)
+        on(gw, "systemctl start gpufleet-rulebook.service")
         gpusim_profile(h1, None)
         on(h2, "systemctl start gpufleet-gpu-metrics.timer")
         repaired(collector, stale)
@@ -571,11 +593,34 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
     finally:
         clients.done.set()
         clients.join(timeout=60)
+        on(gw, "systemctl start gpufleet-rulebook.service")
     # the clients got errors from the gateway without workers, then answers
     during = [s for t, s in clients.answers if t < router_yml]
     after = [s for t, s in clients.answers if t > repaired_at[errors]]
     assert during and all(s >= 400 for s in during), clients.answers
     assert after and all(s == 200 for s in after), clients.answers
+
+    # last: Alertmanager itself stopped. Its own API is gone, so Prometheus' says (the alert fires there; nothing can
+    # deliver it: the heartbeat's receiver notices its absence); repair: started, and Prometheus sees it up again
+    am_down = ("GpufleetAlertmanagerDown", GATEWAY)
+    on(gw, "systemctl stop prometheus-alertmanager.service")
+    plant({am_down: "Alertmanager stopped"})
+    try:
+        fired[am_down] = wait_until(
+            "GpufleetAlertmanagerDown firing in Prometheus",
+            lambda: am_down in prometheus_alerts(fleet, "firing") and since(planted[am_down]),
+            BOUND_FIRE_S["GpufleetAlertmanagerDown"],
+            lambda: str(prometheus_alerts(fleet, "firing")),
+        )
+    finally:
+        on(gw, "systemctl start prometheus-alertmanager.service")
+    repaired(am_down)
+    resolved[am_down] = wait_until(
+        "GpufleetAlertmanagerDown resolved in Prometheus",
+        lambda: am_down not in prometheus_alerts(fleet) and since(repaired_at[am_down]),
+        BOUND_RESOLVE_DEFAULT_S,
+        lambda: str(prometheus_alerts(fleet)),
+    )
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     measured = {f"{a} {i}".strip(): {"fault": faults[(a, i)], "fired_after_s": fired[(a, i)],
