@@ -369,6 +369,11 @@ def test_the_rulebook_service_quarantines_a_host_from_its_gpu_alert_and_one_comm
         group_vars(fleet, **REMEDIATIONS_OFF)
         rc, out = playbook(fleet, "playbooks/monitoring.yml")  # the copy with every remediation off again
         assert rc == 0, out[-4000:]
+        # a fresh start for the fault rounds: this quarantine holds the rule's 30-minute throttle for mon-01, which
+        # would keep the rounds' GPU alerts on mon-01 from reaching the playbook at all
+        on(gw, "systemctl restart gpufleet-rulebook.service")
+        answers = "curl -s -o /dev/null -w '%{http_code}' -m 5 -X POST -d '{}' http://127.0.0.1:5000/alerts"
+        wait_until("the rulebook service answers again", lambda: on(gw, answers, check=False).endswith("400"), 120)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     measured = {"GpufleetGpuRowRemapFailed fired_after_s": fired[remap], "quarantined_after_s": quarantined_after,
                 "GpufleetHostQuarantined fired_after_s": fired[quarantined]}  # fmt: skip
