@@ -290,6 +290,11 @@ def group_vars(fleet, **changes) -> None:
     path.write_text(json.dumps(json.loads(path.read_text()) | changes, indent=1))
 
 
+def json_file(host: dict, path: str, what: str, bound_s: float, details) -> dict:
+    """The JSON file at ``path`` on ``host`` once it is there (a shell pattern: the one file it names)."""
+    return json.loads(wait_until(what, lambda: on(host, f"cat {path} 2>/dev/null || true").strip(), bound_s, details))
+
+
 def test_the_rulebook_service_quarantines_a_host_from_its_gpu_alert_and_one_command_releases_it(fleet):
     """Event-Driven Ansible end to end, as deployed: the rulebook service (roles/fleet_rulebook: ansible-rulebook with
     Java 17 under systemd on the monitor's host, its own SSH key, a copy of the inventory) is Alertmanager's receiver.
@@ -321,14 +326,7 @@ def test_the_rulebook_service_quarantines_a_host_from_its_gpu_alert_and_one_comm
         def journal() -> str:
             return on(gw, "journalctl -u gpufleet-rulebook --no-pager | tail -60")
 
-        quarantine = json.loads(
-            wait_until(
-                "mon-01's quarantine record",
-                lambda: on(h1, f"cat {record} 2>/dev/null || true").strip(),
-                180,
-                journal,
-            )
-        )
+        quarantine = json_file(h1, record, "mon-01's quarantine record", 180, journal)
         quarantined_after = round(time.monotonic() - planted, 1)
         assert quarantine["alert"] == "GpufleetGpuRowRemapFailed" and "mon-01" in quarantine["reason"], quarantine
         assert quarantine["remedy"] == "replace the GPU: its memory has no spare row left"
@@ -337,14 +335,7 @@ def test_the_rulebook_service_quarantines_a_host_from_its_gpu_alert_and_one_comm
             f"http://{fleet['hosts']['mon-02']['address']}:8000"
         ]
         fired |= wait_for(fleet, {quarantined: ""}, True, {"GpufleetHostQuarantined": 60 + 45}, {quarantined: planted})
-        report = json.loads(
-            wait_until(
-                "the service's report",
-                lambda: on(gw, f"cat {RULEBOOK_REPORTS}/*-mon-01-quarantine.json 2>/dev/null || true").strip(),
-                60,
-                journal,
-            )
-        )
+        report = json_file(gw, f"{RULEBOOK_REPORTS}/*-mon-01-quarantine.json", "the service's report", 60, journal)
         assert report["result"] == "quarantined" and report["alert"] == "GpufleetGpuRowRemapFailed"
         # the person: the GPU fixed (the profile as it was), then one command
         gpusim_profile(h1, None)
