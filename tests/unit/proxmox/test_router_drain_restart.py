@@ -73,27 +73,37 @@ def power(writes) -> list[str]:
     ]
 
 
-@pytest.fixture
-def scenario(router, worker, tmp_path, provisioned: Provisioned):  # noqa: F811 (the imported fixture)
+def run_scenario(stand_in, worker, tmp_path, provisioned: Provisioned, quarantined: tuple = ()) -> dict:
     # three running VMs (conftest's provisioned cluster), the fleet behind its router as deploy.yml left it; a change
     # that waits for a stop and start on every VM, and gpu-a2's start fails (pvesim's fault mode start_fails).
     # The order of drain, stop, start and add-back of one VM against the next is test_restarts.py's time line.
+    # ``quarantined``: VMs with a quarantine record (fleet_remediation's file, one per VM here: they share this host)
     with simulated_cluster(tmp_path, provisioned) as (server, r):
-        urls = fleet(r, tmp_path, router["url"], worker["url"])
+        urls = fleet(r, tmp_path, stand_in["url"], worker["url"])
         by_url = {u: n for n, u in urls.items()}
-        for u in urls.values():
-            router["workers"][str(uuid.uuid4())] = u
-        for h in r.hosts().values():
+        for name, u in urls.items():
+            if name not in quarantined:  # a quarantined worker is out of the gateway already
+                stand_in["workers"][str(uuid.uuid4())] = u
+        for name, h in r.hosts().items():
             h["proxmox_gpu_vm_cores"] = 8
+            h["fleet_remediation_quarantine_file"] = str(tmp_path / f"quarantine-{name}.json")
+        for name in quarantined:
+            record = {"since": "2026-12-07T10:00:00Z", "alert": "GpufleetGpuFatalXid", "reason": "Xid 79"}
+            (tmp_path / f"quarantine-{name}.json").write_text(json.dumps(record))
         server.sim.faults["start_fails"] = {"202": FAULT}
-        n, c = len(server.sim.writes), len(router["calls"])
+        n, c = len(server.sim.writes), len(stand_in["calls"])
         p = r.run("playbooks/provision.yml", "-e", "proxmox_gpu_vm_apply_pending=true",
                   "-e", "proxmox_gpu_vm_drain_tasks=router")  # fmt: skip
-        out = {"provisioned": provisioned.run, "failed": (p, server.sim.writes[n:], router["calls"][c:])}
-        out["router_urls"] = sorted(by_url[u] for u in router["workers"].values() if u in by_url)
+        out = {"provisioned": provisioned.run, "failed": (p, server.sim.writes[n:], stand_in["calls"][c:])}
+        out["router_urls"] = sorted(by_url[u] for u in stand_in["workers"].values() if u in by_url)
         out["locks"] = sorted(p.name for p in (tmp_path / "locks").glob("*")) if (tmp_path / "locks").exists() else []
         out["by_url"] = by_url
     return out
+
+
+@pytest.fixture
+def scenario(router, worker, tmp_path, provisioned: Provisioned):  # noqa: F811 (the imported fixture)
+    return run_scenario(router, worker, tmp_path, provisioned)
 
 
 def router_events(calls, by_url) -> list[str]:
@@ -123,3 +133,20 @@ def test_router_drain_then_restart_one_vm_at_a_time_and_a_failed_start_stays_out
     assert scenario["router_urls"] == ["gpu-a1", "gpu-b1"]
     # the fleet lock and the host lock were given back (another rollout may run; gpu-a2 stays out until fixed)
     assert scenario["locks"] == []
+
+
+def test_a_quarantined_vm_restarts_without_a_drain_and_stays_out_of_the_router(
+    router,  # noqa: F811 (the imported fixture)
+    worker,
+    tmp_path,
+    provisioned,  # noqa: F811 (the imported fixture)
+):
+    """gpu-a1 is quarantined (fleet_remediation's record): it is out of the gateway already, so its restart takes no
+    drain and puts nothing back (before, the drain's undrain added it to the router again, with its fault)."""
+    scenario = run_scenario(router, worker, tmp_path, provisioned, quarantined=("gpu-a1",))
+    p, writes, calls = scenario["failed"]
+    assert router_events(calls, scenario["by_url"]) == ["DELETE gpu-a2"]
+    assert power(writes)[:2] == ["shutdown gpu-a1", "start gpu-a1"]
+    out = " ".join(p.stdout.split())
+    assert "gpu-a1 is quarantined since 2026-12-07T10:00:00Z, out of every gateway: nothing to drain" in out
+    assert "gpu-a1" not in scenario["router_urls"]
