@@ -109,34 +109,41 @@ def test_a_deprecated_flag_only_warns_as_in_sglang(tmp_path):
 
 # NaN logits (fault nan-output) as each version treats them (engines.nan_mode): 0.5.23 has no --enable-nan-detection
 # but two environment variables (environ.py:516, :1511; utils/async_probe.py)
-def nan_sim(tmp_path, env: dict) -> Sim:
-    s = sim(tmp_path, "0.5.23")
-    s.env.update({"SGLANG_SIM_FAULT": "nan-output", **env})
-    return s.start().wait_ready()
+@pytest.fixture
+def nan_sim(tmp_path):
+    started = []
+
+    def start(env: dict) -> Sim:
+        s = sim(tmp_path, "0.5.23")
+        s.env.update({"SGLANG_SIM_FAULT": "nan-output", **env})
+        started.append(s)
+        return s.start()
+
+    yield start
+    for s in started:
+        s.stop()
 
 
 def generate(s: Sim) -> str:
     return s.post("/generate", {"text": "capital of France?", "sampling_params": {"max_new_tokens": 8}}).json()["text"]
 
 
-def test_0_5_23_sanitizes_nan_logits_with_one_warning(tmp_path):
-    s = nan_sim(tmp_path, {"SGLANG_SANITIZE_NAN_LOGITS": "1"})
+def test_0_5_23_sanitizes_nan_logits_with_one_warning(nan_sim):
+    s = nan_sim({"SGLANG_SANITIZE_NAN_LOGITS": "1"}).wait_ready()
     assert generate(s) == "!!!!!!!!" and generate(s) == "!!!!!!!!"  # serving goes on (sanitized to -1e30: token 0)
     assert s.log().count("NaN detected in sampler: next_token_logits; values were sanitized before sampling.") == 1
     assert "NaN in the logits" not in s.log()  # 0.5.9's line is not 0.5.23's
 
 
-def test_0_5_23_nan_check_ends_the_server(tmp_path):
+def test_0_5_23_nan_check_ends_the_server(nan_sim):
     """The device-side assert of the first NaN logits (here the start's own warm-up generation) ends the server."""
-    s = sim(tmp_path, "0.5.23")
-    s.env.update({"SGLANG_SIM_FAULT": "nan-output", "SGLANG_ENABLE_NAN_LOGITS_CHECK": "true"})
-    s.start()
+    s = nan_sim({"SGLANG_ENABLE_NAN_LOGITS_CHECK": "true"})
     assert s.wait_exit(30) != 0
     log = s.log()
     assert "Scheduler hit an exception" in log and "NaN detected! sampler: next_token_logits" in log
 
 
-def test_0_5_23_without_either_variable_says_nothing_of_nan(tmp_path):
-    s = nan_sim(tmp_path, {})
+def test_0_5_23_without_either_variable_says_nothing_of_nan(nan_sim):
+    s = nan_sim({}).wait_ready()
     assert generate(s) == "!!!!!!!!"
     assert "NaN" not in s.log()
