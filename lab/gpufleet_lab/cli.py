@@ -53,8 +53,10 @@ def write_inventory(
                 },
                 "sglang_servers": {"hosts": servers},
                 **({"fleet_routers": {"hosts": {name: {} for name in hosts if name in routers}}} if routers else {}),
-                **({"fleet_monitors": {"hosts": {name: {} for name in hosts if name in monitors}}} if monitors else {}),
-                **({"fleet_rulebooks": {"hosts": {name: {} for name in hosts if name in monitors}}} if monitors else {}),
+                **{
+                    group: {"hosts": {name: {} for name in hosts if name in monitors}}
+                    for group in (("fleet_monitors", "fleet_rulebooks") if monitors else ())
+                },  # fmt: skip
             }
         }
     }

@@ -15,8 +15,9 @@ description:
     the baseline's score minus I(allowed_drop); C(reason) names the score, the baseline, the floor and the worst
     items (prompt, expected, got), the regressions (items the baseline answered right) first.
   - Reads C(/get_server_info); when the engine runs with C(--enable-nan-detection) (0.5.9, 0.5.10), or the unit's
-    environment sets C(SGLANG_SANITIZE_NAN_LOGITS) or C(SGLANG_ENABLE_NAN_LOGITS_CHECK) (0.5.23), and I(unit) is set, the journal of
-    the unit's running start is searched for SGLang's NaN line (I(nan_patterns)); any such line fails the verdict.
+    environment sets C(SGLANG_SANITIZE_NAN_LOGITS) or C(SGLANG_ENABLE_NAN_LOGITS_CHECK) (0.5.23), and I(unit) is
+    set, the journal of the unit's running start is searched for SGLang's NaN lines (I(nan_patterns)); any such line
+    fails the verdict.
   - Never changes anything and never fails on a low score (the caller acts on C(ok)); it fails only on an
     evaluation set that cannot be used. Sends an C(Authorization) Bearer header when there is an API key; the key
     is read from I(secrets_file) on the host when I(api_key) is empty, and is never in the result.

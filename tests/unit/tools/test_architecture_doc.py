@@ -72,7 +72,8 @@ def test_the_stages_are_read_from_deploy_yml():
     found = dict(stages())
     # the chain as deploy.yml imports it, validate.yml's own import of the monitor's validation included
     assert {"playbooks/servers_present.yml", "playbooks/monitoring_validate.yml", "playbooks/router.yml"} <= set(found)
-    assert found["playbooks/monitoring_apply.yml"] == ["fleet_firewall", "fleet_monitor", "fleet_rulebook", "node_exporter"]
+    monitoring = ["fleet_firewall", "fleet_monitor", "fleet_rulebook", "node_exporter"]
+    assert found["playbooks/monitoring_apply.yml"] == monitoring
     assert found["playbooks/deploy_server.yml"] == ["gpu_facts", "sglang_server"]
 
 
