@@ -36,7 +36,8 @@ NAN_PATTERNS = (r"NaN in the logits", r"NaN detected in \S.*values were sanitize
 # --enable-nan-detection is gone there (0.5.10.post1 deprecated it for SGLANG_SPEC_NAN_DETECTION, which 0.5.23 no
 # longer has either).
 NAN_ENV = ("SGLANG_SANITIZE_NAN_LOGITS", "SGLANG_ENABLE_NAN_LOGITS_CHECK")
-TRUE_WORDS = ("true", "1", "yes", "y", "on")
+ENV_TRUE = ("true", "1", "yes", "y")  # SGLang's EnvBool (0.5.23 environ.py:119-126)
+FLAG_TRUE = ("true", "1", "yes", "on")  # a flag's value in the inventory (YAML and strings)
 
 
 def nan_check_on(flags, environment) -> bool:
@@ -44,8 +45,8 @@ def nan_check_on(flags, environment) -> bool:
     in its environment (0.5.23), each as SGLang reads it."""
     flags = flags if isinstance(flags, dict) else {}
     environment = environment if isinstance(environment, dict) else {}
-    values = [flags.get("enable-nan-detection", False), *(environment.get(name, "") for name in NAN_ENV)]
-    return any(str(v).strip().lower() in TRUE_WORDS for v in values)
+    flag = str(flags.get("enable-nan-detection", False)).strip().lower() in FLAG_TRUE
+    return flag or any(str(environment.get(name, "")).strip().lower() in ENV_TRUE for name in NAN_ENV)
 
 
 # The module's options and their defaults (plugins/modules/sglang_quality_eval.py documents them).

@@ -201,6 +201,7 @@ def test_nan_detection_is_the_flag_on_0_5_9_and_an_environment_variable_on_0_5_2
     hv = {"serving_bench_gpu_class": "X x8", "sglang_server_environment": {"SGLANG_SANITIZE_NAN_LOGITS": "1"}}
     assert rollout_quality_key(hv, "glm-5", "sglang-cu130")["nan_detection"] is True
     assert q.nan_check_on({}, {"SGLANG_ENABLE_NAN_LOGITS_CHECK": "yes"}) is True  # EnvBool: true/1/yes/y
+    assert q.nan_check_on({}, {"SGLANG_SANITIZE_NAN_LOGITS": "on"}) is False  # not a word EnvBool takes
     assert q.nan_check_on({"enable-nan-detection": "true"}, {}) is True
     assert q.nan_check_on({}, {"SGLANG_SANITIZE_NAN_LOGITS": "0", "SGLANG_SPEC_NAN_DETECTION": "1"}) is False
     assert q.nan_check_on(None, None) is False
