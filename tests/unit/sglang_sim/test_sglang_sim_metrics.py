@@ -6,6 +6,7 @@ the in-process tests feed the simulator's collectors the same observations and c
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.client
 import re
@@ -279,3 +280,71 @@ def test_every_scheduler_logs_with_the_flag_and_pp_ranks_each_log(make_sim):
         if ln.startswith("sglang:num_running_reqs{")
     )
     assert ranks == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
+
+
+def test_a_stuck_scheduler_takes_no_request_in_and_its_gauges_freeze(make_sim, tmp_path):
+    """hang-after-ready while a request runs: the running one gets no more tokens, and the requests after it never
+    reach the scheduler (0.5.9's event_loop_normal reads new requests only between steps): no queue, no prefill, the
+    gauges keep what the last decode log set, no counter moves."""
+    f = tmp_path / "runtime-faults"
+    s = make_sim(
+        ["--enable-metrics", "--served-model-name", "glm-5", "--decode-log-interval", "5"],
+        env={"SGLANG_SIM_FAULT_FILE": str(f), "SGLANG_SIM_IDLE_METRICS_INTERVAL": "1"},
+    ).wait_ready()
+    long = {"text": "long", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
+
+    def run_long() -> None:
+        with contextlib.suppress(OSError):  # the server's end at the test's end
+            s.post("/generate", long, timeout=60)
+
+    threading.Thread(target=run_long, daemon=True).start()
+    deadline = time.monotonic() + 10
+    while sample(s.get("/metrics").text, "sglang:num_running_reqs", SCHED_LABELS) != 1.0:
+        assert time.monotonic() < deadline, "the long request's decode log never came"
+        time.sleep(0.1)
+    f.write_text("hang-after-ready")
+
+    def ask() -> None:
+        with contextlib.suppress(OSError):  # the server's end at the test's end
+            s.post("/generate", {"text": "hi"}, timeout=60)
+
+    threading.Thread(target=ask, daemon=True).start()  # the hang starts with the next request
+    time.sleep(0.5)
+    frozen = s.get("/metrics").text
+    for _ in range(2):
+        threading.Thread(target=ask, daemon=True).start()
+    time.sleep(2)  # two idle-check intervals: an idle scheduler would have logged 0 running by now
+    after = s.get("/metrics").text
+    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_used_tokens"):
+        assert sample(after, name, SCHED_LABELS) == sample(frozen, name, SCHED_LABELS), name
+    assert sample(after, "sglang:num_running_reqs", SCHED_LABELS) == 1.0
+    assert sample(after, "sglang:num_queue_reqs", SCHED_LABELS) == 0.0
+    for name in ("sglang:generation_tokens_total", "sglang:inter_token_latency_seconds_count"):
+        assert sample(after, name, 'model_name="glm-5"') == sample(frozen, name, 'model_name="glm-5"'), name
+    assert sample(after, "sglang:http_requests_active", 'endpoint="/generate",method="POST"') == 4.0
+
+
+def test_slow_step_at_runtime_lengthens_every_step(make_sim, tmp_path):
+    """slow-step=SECONDS: the prefill and each decode step take SECONDS longer (a GPU held at low clocks): time to
+    first token and inter-token latency as the histograms see them; an emptied file makes the next request fast."""
+    f = tmp_path / "runtime-faults"
+    s = make_sim(["--enable-metrics", "--served-model-name", "glm-5"], env={"SGLANG_SIM_FAULT_FILE": str(f)})
+    s.wait_ready()
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+    f.write_text("slow-step=0.5")
+    t0 = time.monotonic()
+    assert s.post("/v1/chat/completions", body).status == 200
+    assert time.monotonic() - t0 >= 1.5  # three steps
+    slow = s.get("/metrics").text
+    itl = 'le="0.4",model_name="glm-5"'
+    assert sample(slow, "sglang:time_to_first_token_seconds_bucket", 'le="0.4",model_name="glm-5"') == 1.0  # warm-up
+    assert sample(slow, "sglang:time_to_first_token_seconds_count", 'model_name="glm-5"') == 2.0
+    assert sample(slow, "sglang:inter_token_latency_seconds_bucket", itl) == 0.0
+    assert sample(slow, "sglang:inter_token_latency_seconds_count", 'model_name="glm-5"') == 2.0
+    assert "slow-step=0.5" in s.log()
+    f.write_text("")
+    t0 = time.monotonic()
+    assert s.post("/v1/chat/completions", body).status == 200
+    assert time.monotonic() - t0 < 1.0
+    fast = s.get("/metrics").text
+    assert sample(fast, "sglang:inter_token_latency_seconds_bucket", itl) == 2.0

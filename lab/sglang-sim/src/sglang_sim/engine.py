@@ -355,9 +355,15 @@ class Engine:
         rid = rid or self.new_rid()
         t_start = time.monotonic()
         faults = self.faults  # SGLANG_SIM_FAULT merged with SGLANG_SIM_FAULT_FILE, read once per request
-        if self.fault_source.file_faults.hang_after_ready and not self.hung.is_set():
+        stuck_before = self.hung.is_set()
+        if self.fault_source.file_faults.hang_after_ready and not stuck_before:
             log("sglang-sim: hang-after-ready (runtime fault): the scheduler stops producing tokens")
             self.hung.set()
+        while stuck_before:
+            # 0.5.9's scheduler takes requests in at the top of its loop (managers/scheduler.py event_loop_normal:
+            # recv_requests, then get_next_batch_to_run and run_batch): one stuck in a step never reads the next
+            # request, which waits in the tokenizer's socket: no queue, no prefill, no scheduler gauge or counter moves
+            time.sleep(3600)
         tokens = cache_tokens if cache_tokens is not None else textgen.tokenize(prompt)
         if prompt_tokens is None:
             prompt_tokens = len(tokens)
@@ -412,7 +418,7 @@ class Engine:
         track: _TokenizerSide,
     ) -> float:
         cap_at = t_start + self.max_request_s
-        deadline = time.monotonic() + self.ttft_base + new_tokens / self.prefill_rate
+        deadline = time.monotonic() + self.ttft_base + new_tokens / self.prefill_rate + faults.slow_step
         ttft = 0.0
         last = len(pieces) - 1
         for i, piece in enumerate(pieces):
@@ -424,7 +430,7 @@ class Engine:
             if i > 0:
                 with self.cond:
                     c = len(self.running)
-                deadline += 1.0 / self.per_request_rate(c)
+                deadline += 1.0 / self.per_request_rate(c) + faults.slow_step
             now = time.monotonic()
             wait = min(deadline, cap_at) - now
             if wait > 0.0005:

@@ -27,15 +27,17 @@ KNOWN = (
     "hang-after-ready",
     "orphan-children",
     "partial-quality=SHARE",
+    "slow-step=SECONDS",
 )
 
 
 # Faults the fault file may switch on while the server runs ("after a healthy start").
-RUNTIME = ("wrong-answer", "nan-output", "hang-after-ready", "partial-quality=SHARE")
+RUNTIME = ("wrong-answer", "nan-output", "hang-after-ready", "partial-quality=SHARE", "slow-step=SECONDS")
 # Faults that take a number: name -> (field, what the number is, its check, the check's words)
 VALUED = {
     "slow-start": ("slow_start", "a number of seconds (slow-start=SECONDS)", lambda v: v >= 0, "non-negative"),
     "partial-quality": ("partial_quality", "a share (partial-quality=SHARE)", lambda v: 0 < v <= 1, "in (0, 1]"),
+    "slow-step": ("slow_step", "a number of seconds (slow-step=SECONDS)", lambda v: v >= 0, "non-negative"),
 }
 
 
@@ -57,13 +59,16 @@ class Faults:
     orphan_children: bool = False
     # share (0-1] of the answers the simulator computes (sglang_sim.quality) that come out wrong
     partial_quality: float = 0.0
+    # seconds every forward step (the prefill and each decode step) takes longer: a GPU held at low clocks, a slow
+    # kernel; time to first token and inter-token latency grow by as much
+    slow_step: float = 0.0
 
     def names(self) -> list[str]:
         out = []
         for field, value in self.__dict__.items():
             if value:
                 name = field.replace("_", "-")
-                out.append(f"{name}={value:g}" if field in ("slow_start", "partial_quality") else name)
+                out.append(f"{name}={value:g}" if field in ("slow_start", "partial_quality", "slow_step") else name)
         return out
 
 
