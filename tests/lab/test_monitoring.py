@@ -39,10 +39,15 @@ Last, Alertmanager stopped -> GpufleetAlertmanagerDown, read from Prometheus' ow
 
 Event-Driven Ansible: monitoring.yml puts the rulebook service on the monitor's host (group fleet_rulebooks, as the
 lab's inventory has it: roles/fleet_rulebook) and names it in Alertmanager's receiver. The module's inventory turns
-every remediation off (fleet_remediation_*_enabled: false): the rounds' faults fire their alerts, the service runs the
-playbook, and it acts on nothing (a turned-off report, no quarantine). Before the rounds, with the quarantine turned
+the restart and the quarantine off (fleet_remediation_{restart,quarantine}_enabled: false): the rounds' faults fire
+their alerts, the service runs the playbook, and it acts on nothing (a turned-off report, no quarantine); the prune
+stays on, and round 3's full disk is pruned by the service. Before the rounds, with the quarantine turned
 on, the service quarantines mon-01 for a failed row remapping on its GPU 3, from the alert, and the release (one
 command, after the fault is cleared) puts it back; GpufleetHostQuarantined fires and resolves.
+
+Round 3 (after the rest), the faults whose alerts take minutes: a slow engine (TTFT and ITL), a full disk that the
+rulebook service prunes, a stuck scheduler with liveness stopped, a worker deleted through smg's own API (the record
+drift): test_the_slow_faults_fire_their_alerts_and_a_full_disk_heals_itself.
 
 GpufleetEngineRestarting, GpufleetRouterRestarting and GpufleetGpuEccUncorrected count over 15 minutes: they resolve
 15 minutes after the fault, longer than a test waits (their resolution is proven by the promtool unit tests,
@@ -90,10 +95,9 @@ GROUP_VARS = (
     | yaml.safe_load((ROOT / "inventory/lab/group_vars/gpufleet_lab/fleet_monitor.yml").read_text())
 )
 THRESHOLDS = "/etc/prometheus/rules/gpufleet-thresholds.yml"  # rendered by fleet_monitor from the inventory
-REMEDIATIONS_OFF = dict.fromkeys(
-    ("fleet_remediation_restart_enabled", "fleet_remediation_quarantine_enabled", "fleet_remediation_prune_enabled"),
-    False,
-)
+# the rounds' faults must not be repaired behind the test's back: the restart and the quarantine are off (the prune,
+# which no fault before round 3's full disk calls, stays on as a user has it)
+REMEDIATIONS_OFF = dict.fromkeys(("fleet_remediation_restart_enabled", "fleet_remediation_quarantine_enabled"), False)
 RULEBOOK_REPORTS = "/var/lib/gpufleet-rulebook/reports/remediation"  # the service's (fleet_rulebook_data_dir)
 # How long each alert may take to fire after its fault: its `for:` (and what it must see first) + 45 s: scrapes and
 # evaluations every 5 s, the GPU metrics timer, Alertmanager's group_wait of 10 s, a machine shared with other work.
@@ -121,10 +125,26 @@ BOUND_FIRE_S = {
     "GpufleetRouterErrorRate": 60 + 10 + 45,  # the 2m rate needs two scrapes that saw errors first
     "GpufleetAlertDeliveryFailing": 60 + 45,  # Alertmanager's group_wait (10 s), its failed attempt, a scrape
     "GpufleetAlertmanagerDown": 60 + 45,  # read from Prometheus' API (Alertmanager's is gone)
+    # round 3: p99 over 5m above the threshold once the first slow answers are in (a slow step: 6 s), then for: 2m
+    "GpufleetEngineTTFTHigh": 120 + 60 + 45,
+    "GpufleetEngineITLHigh": 120 + 60 + 45,
+    "GpufleetDiskAlmostFull": 120 + 45,
+    "GpufleetLivenessNotRunning": 120 + 60 + 45,  # its last round 120 s old, then for: 1m
+    "GpufleetEngineNotGenerating": 120 + 60 + 45 + 15,  # no token in 2m, for: 1m; the hang starts at the next request
+    "GpufleetRouterRecordDrift": 180 + 45,
 }
 # ... and to resolve after its repair: the next scrapes and evaluation, 90 s; the error rate is over 2 minutes, so
 # the errors leave it 2 minutes after the last one.
-BOUND_RESOLVE_S = {"GpufleetRouterErrorRate": 120 + 60}
+BOUND_RESOLVE_S = {
+    "GpufleetRouterErrorRate": 120 + 60,
+    # the slow answers leave the 5m window (the last ones end up to 12 s after the repair)
+    "GpufleetEngineTTFTHigh": 300 + 15 + 90,
+    "GpufleetEngineITLHigh": 300 + 15 + 90,
+    # from the alert: Alertmanager's group_wait, the rulebook service's playbook run (the prune), the next scrapes
+    "GpufleetDiskAlmostFull": 10 + 180 + 90,
+    # liveness started again: three failed probes (5 s apart, 10 s each) before it restarts the hung engine
+    "GpufleetEngineNotGenerating": 3 * 15 + 30 + 90,
+}
 BOUND_RESOLVE_DEFAULT_S = 90
 
 
@@ -163,7 +183,7 @@ def fleet(tmp_path_factory):
     hosts = {h["name"]: h for h in result["hosts"]}
     (inventory.parent / "group_vars").mkdir()
     # the reports in the lab's work folder (a user's land in reports/<fleet>/; the rulebook service's in its own), and
-    # every remediation turned off (the rulebook test turns the quarantine on for itself)
+    # the restart and the quarantine turned off (the rulebook test turns the quarantine on for itself)
     group_vars = GROUP_VARS | {"fleet_reports_dir": str(work / "reports"), **REMEDIATIONS_OFF}
     (inventory.parent / "group_vars/all.yml").write_text(json.dumps(group_vars, indent=1))
     (inventory.parent / "host_vars").mkdir()
@@ -358,7 +378,7 @@ def test_the_rulebook_service_quarantines_a_host_from_its_gpu_alert_and_one_comm
     finally:
         gpusim_profile(h1, None)
         group_vars(fleet, **REMEDIATIONS_OFF)
-        rc, out = playbook(fleet, "playbooks/monitoring.yml")  # the copy with every remediation off again
+        rc, out = playbook(fleet, "playbooks/monitoring.yml")  # the copy with the quarantine off again
         assert rc == 0, out[-4000:]
         # a fresh start for the fault rounds: this quarantine holds the rule's 30-minute throttle for mon-01, which
         # would keep the rounds' GPU alerts on mon-01 from reaching the playbook at all
@@ -697,3 +717,164 @@ def test_a_deploy_whose_engine_resolves_against_the_policy_is_rolled_back(fleet)
     assert report["resolved_policy"] == {"kv_cache_dtype": "bfloat16"}
     assert on(h1, "sha256sum /etc/systemd/system/sglang-server.service") == before  # the last good unit
     assert health(h1["address"]) == 200
+
+
+class SlowClients(threading.Thread):
+    """Three clients of mon-01's engine itself (not the gateway): short streamed chat completions, one after the
+    other each, every answer's HTTP status kept (0: no answer)."""
+
+    def __init__(self, host: dict):
+        super().__init__(daemon=True)
+        self.url = f"http://{host['address']}:8000/v1/chat/completions"
+        self.answers: list[int] = []
+        self.done = threading.Event()
+
+    def one(self) -> None:
+        body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2,
+                           "stream": True, "chat_template_kwargs": {"enable_thinking": False}}).encode()  # fmt: skip
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+        while not self.done.is_set():
+            try:
+                with urllib.request.urlopen(urllib.request.Request(self.url, body, headers), timeout=60) as resp:
+                    resp.read()
+                    self.answers.append(resp.status)
+            except urllib.error.HTTPError as err:
+                self.answers.append(err.code)
+            except OSError:
+                self.answers.append(0)
+                self.done.wait(1)
+
+    def run(self):
+        threads = [threading.Thread(target=self.one, daemon=True) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
+def stream_until_hung(host: dict, started: threading.Event) -> None:
+    """A long streamed generation on the host's engine; ``started`` is set once 60 tokens came (past the scheduler's
+    decode log at 40 steps, which sets num_running_reqs). It ends when the engine does."""
+    body = json.dumps({"text": "Tell a long story.", "stream": True,
+                       "sampling_params": {"max_new_tokens": 20000, "ignore_eos": True}}).encode()  # fmt: skip
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+    req = urllib.request.Request(f"http://{host['address']}:8000/generate", body, headers)
+    chunks = 0
+    try:
+        with urllib.request.urlopen(req, timeout=900) as resp:
+            for line in resp:
+                chunks += line.startswith(b"data:")
+                if chunks >= 60:
+                    started.set()
+    except OSError:
+        pass
+
+
+def test_the_slow_faults_fire_their_alerts_and_a_full_disk_heals_itself(fleet):
+    """Round 3, the faults whose alerts take minutes, all at once, each on its own host or layer:
+
+    * mon-01: every forward step 6 s longer (the simulator's runtime fault ``slow-step=6``: a GPU held at low clocks)
+      under three streaming clients of its own -> GpufleetEngineTTFTHigh and GpufleetEngineITLHigh (p99 over 5m above
+      the class's 5 s and 0.2 s, for 2m); the engine still generates, so liveness leaves it alone; repair: the fault
+      file emptied, the clients stopped; they resolve once the slow answers leave the 5m window;
+    * mon-01: ``/srv/models`` on a 64 MiB file system of its own (a loop device: a lab host's root is the controller's
+      own disk) holding the model and an unused revision of another model, two days old, that leaves 5% free ->
+      GpufleetDiskAlmostFull; the rulebook service runs the prune (on, as a user has it): the old revision goes, the
+      model stays, and the alert resolves with no person;
+    * mon-02: a long stream running, the liveness service stopped (-> GpufleetLivenessNotRunning), then its scheduler
+      stuck (``hang-after-ready``) -> GpufleetEngineNotGenerating; repair: the fault file emptied and liveness started
+      again, which restarts the hung engine;
+    * the gateway: mon-02 deleted through smg's own API -> GpufleetRouterRecordDrift (``not_in_router``) and
+      GpufleetRouterWorkerMissing; repair: playbooks/router.yml once mon-02 answers again.
+    """
+    h1, h2, gw = fleet["hosts"]["mon-01"], fleet["hosts"]["mon-02"], fleet["hosts"][GATEWAY]
+    ttft, itl, disk = (("GpufleetEngineTTFTHigh", "mon-01"), ("GpufleetEngineITLHigh", "mon-01"),
+                       ("GpufleetDiskAlmostFull", "mon-01"))  # fmt: skip
+    liveness, stuck = ("GpufleetLivenessNotRunning", "mon-02"), ("GpufleetEngineNotGenerating", "mon-02")
+    drift, missing = ("GpufleetRouterRecordDrift", GATEWAY), ("GpufleetRouterWorkerMissing", GATEWAY)
+    faults, planted, repaired_at = {}, {}, {}
+
+    def plant(keys: dict) -> None:
+        faults.update(keys)
+        planted.update(dict.fromkeys(keys, time.monotonic()))
+
+    def repaired(*keys) -> None:
+        repaired_at.update(dict.fromkeys(keys, time.monotonic()))
+
+    image, device = fleet["work"] / "mon-01-models.img", ""
+    clients, stream_started = SlowClients(h1), threading.Event()
+    try:
+        # mon-01's model folder on a small file system: the model copied in, then an old revision that fills it
+        subprocess.run(["truncate", "-s", "64M", str(image)], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+        device = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True,
+                                check=True).stdout.strip()  # fmt: skip
+        rdev = os.stat(device).st_rdev
+        on(h1, f"mknod /dev/gpufleet-models b {os.major(rdev)} {os.minor(rdev)} && mkdir -p /run/gpufleet-models && "
+               "mount /dev/gpufleet-models /run/gpufleet-models && cp -a /srv/models/. /run/gpufleet-models/ && "
+               "umount /run/gpufleet-models && mount /dev/gpufleet-models /srv/models")  # fmt: skip
+        old = "/srv/models/glm-4-old/rev-2025-06"
+        on(h1, f"mkdir -p {old} && size=$(df --output=size -B1 /srv/models | tail -1) && "
+               f"avail=$(df --output=avail -B1 /srv/models | tail -1) && "
+               f"fallocate -l $((avail - size / 20)) {old}/model-00001-of-00001.safetensors && "
+               f"touch -d '2 days ago' {old}/model-00001-of-00001.safetensors {old} /srv/models/glm-4-old")  # fmt: skip
+        plant({disk: "mon-01's /srv/models 95% full (an unused revision of another model)"})
+        # mon-02: a stream running, liveness stopped, the scheduler stuck; the gateway: mon-02 deleted through its API
+        threading.Thread(target=stream_until_hung, args=(h2, stream_started), daemon=True).start()
+        assert stream_started.wait(60), "mon-02's stream did not start"
+        on(h2, "systemctl stop sglang-server-liveness.service")
+        plant({liveness: "mon-02's liveness service stopped"})
+        on(h2, f"echo hang-after-ready > {FAULT_FILE}")
+        plant({stuck: "mon-02's scheduler stuck with a stream running"})
+        remove_worker(fleet, next(w for w in router_workers(fleet) if h2["address"] in w["url"]))
+        plant({drift: "mon-02 deleted through smg's own API", missing: "mon-02 deleted through smg's own API"})
+        # mon-01: every step 6 s longer under three streaming clients
+        on(h1, f"echo slow-step=6 > {FAULT_FILE}")
+        clients.start()
+        slow = "mon-01's steps 6 s longer, three streaming clients"
+        plant({ttft: slow, itl: slow})
+
+        fired = wait_for(fleet, {ttft: "", itl: "", disk: ""}, True, BOUND_FIRE_S, planted)
+        on(h1, f": > {FAULT_FILE}")
+        clients.done.set()
+        repaired(ttft, itl)
+        # the full disk: the rulebook service's prune, no person
+        report = json_file(gw, f"{RULEBOOK_REPORTS}/*-mon-01-prune.json", "the service's prune report", 240,
+                           lambda: on(gw, "journalctl -u gpufleet-rulebook --no-pager | tail -60"))  # fmt: skip
+        assert report["result"] == "pruned" and report["alert"] == "GpufleetDiskAlmostFull", report
+        assert [r["path"] for r in report["prune"]["removed"]] == [old], report
+        assert on(h1, "ls /srv/models/glm-5-sim | wc -l").strip() != "0"  # the model in use stays
+        resolved = wait_for(fleet, {disk: ""}, False, BOUND_RESOLVE_S, {disk: planted[disk] + fired[disk]})
+
+        fired |= wait_for(fleet, {liveness: "", stuck: "", drift: "", missing: ""}, True, BOUND_FIRE_S, planted)
+        hung_run = on(h2, "systemctl show -p InvocationID --value sglang-server.service").strip()
+        on(h2, f": > {FAULT_FILE}; systemctl start sglang-server-liveness.service")
+        repaired(liveness, stuck)
+        wait_until("liveness restarts mon-02's hung engine and it answers",
+                   lambda: health(h2["address"]) == 200
+                   and on(h2, "systemctl show -p InvocationID --value sglang-server.service").strip() != hung_run,
+                   180, lambda: on(h2, "journalctl -u sglang-server-liveness --no-pager | tail -20"))  # fmt: skip
+        rc, out = playbook(fleet, "playbooks/router.yml")
+        assert rc == 0, out[-4000:]
+        repaired(drift, missing)
+        resolved |= wait_for(fleet, {liveness: "", stuck: "", drift: "", missing: ""}, False, BOUND_RESOLVE_S,
+                             repaired_at)  # fmt: skip
+        resolved |= wait_for(fleet, {ttft: "", itl: ""}, False, BOUND_RESOLVE_S, repaired_at)
+    finally:
+        clients.done.set()
+        on(h1, f": > {FAULT_FILE}", check=False)
+        on(h2, f": > {FAULT_FILE}; systemctl start sglang-server-liveness.service", check=False)
+        on(h1, "umount -l /srv/models; rm -f /dev/gpufleet-models", check=False)
+        if device:
+            subprocess.run(["losetup", "-d", device], check=False)
+        image.unlink(missing_ok=True)
+    assert clients.answers and all(s == 200 for s in clients.answers), clients.answers  # slow, never failed
+    measured = {f"{a} {i}".strip(): {"fault": faults[(a, i)], "fired_after_s": fired[(a, i)],
+                                     "resolved_after_repair_s": resolved.get((a, i))}
+                for a, i in faults}  # fmt: skip
+    # the full disk had no repair by hand: its resolution counts from the alert (the service's prune in between)
+    measured[" ".join(disk)]["resolved_after_firing_s"] = measured[" ".join(disk)].pop("resolved_after_repair_s")
+    measured["prune"] = {"removed": report["prune"]["removed"], "free_ratio_after": report["prune"]["free_ratio_after"]}
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "monitoring-slow-faults.json").write_text(json.dumps(measured, indent=1))
+    print("slow alerts:", json.dumps(measured))
