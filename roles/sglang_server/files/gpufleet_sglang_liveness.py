@@ -179,8 +179,11 @@ def http_call(base_url: str, method: str, path: str, timeout: float, key: str = 
 
 
 def generated_tokens(config: dict, caller=http_call) -> float | None:
-    """sglang:generation_tokens_total summed over its series (SGLang's metrics, --enable-metrics); None when /metrics
-    does not answer (a stopped main process) or has no such counter."""
+    """The engine's work so far: sglang:generation_tokens_total (the tokens of finished requests) plus
+    sglang:realtime_tokens_total (prefill and decode tokens, counted by 0.5.9's scheduler at each log interval: every
+    --decode-log-interval steps, so long generations that none has finished yet still move it), summed over their
+    series (SGLang's metrics, --enable-metrics); None when /metrics does not answer (a stopped main process) or has
+    neither counter."""
     key = read_env_value(config["secrets_file"], "SGLANG_SERVER_API_KEY")
     # a server that answers HTTP answers /metrics at once; a stopped main process does not: 2 s at most
     status, text = caller(config["base_url"], "GET", "/metrics", min(2.0, float(config["bundle_timeout_s"])), key)
@@ -189,7 +192,7 @@ def generated_tokens(config: dict, caller=http_call) -> float | None:
     values = [
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("sglang:generation_tokens_total") and " " in line
+        if line.startswith(("sglang:generation_tokens_total", "sglang:realtime_tokens_total")) and " " in line
     ]
     return sum(values) if values else None
 

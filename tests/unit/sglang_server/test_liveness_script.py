@@ -284,6 +284,29 @@ def test_an_overloaded_engine_that_still_generates_is_busy_not_hung(tmp_path):
     assert acts == ["none", "none", "restart"]
 
 
+def test_the_work_count_moves_with_long_generations_none_of_which_finished(tmp_path):
+    """A server full of long generations (every running slot taken, the probe queued behind them, nothing finishing
+    within the failure window) is busy: 0.5.9's realtime_tokens_total counts the decode tokens at each log interval
+    while generation_tokens_total waits for a request's end. Read from 0.5.9's own exposition (the simulator's golden
+    file, written by 0.5.9's collector.py)."""
+    golden = (Path(__file__).parents[1] / "sglang_sim/fixtures/metrics-0.5.9-text.txt").read_text()
+    cfg = config(tmp_path)
+    assert live.generated_tokens(cfg, lambda *a: (200, golden)) == 8.0 + 7.0 + 2.0  # finished, prefill, decode
+    series = 'sglang:realtime_tokens_total{engine_type="unified",mode="decode",model_name="glm-5",moe_ep_rank="0",'
+    series += 'pp_rank="0",tp_rank="0"}'
+    assert f"{series} 2.0" in golden
+    decoding = golden.replace(f"{series} 2.0", f"{series} 642.0")  # 640 decode tokens later, nothing finished
+    state = live.new_state() | {"seen_ok": True, "invocation": "inv-1"}
+    counts = iter([golden, decoding])
+    acts = [
+        live.decide(state, active(), cfg, 1.0, "", lambda: (False, "no answer in 10.0s"),
+                    lambda: live.generated_tokens(cfg, lambda *a: (200, next(counts))))
+        for _ in range(2)
+    ]  # fmt: skip
+    assert acts == ["none", "none"] and state["phase"] == "busy", state
+    assert "640 tokens generated meanwhile" in state["last"]
+
+
 def test_the_token_count_is_sglangs_generation_counter(tmp_path):
     text = (
         "# TYPE sglang:generation_tokens_total counter\n"
