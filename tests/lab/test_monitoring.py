@@ -142,8 +142,9 @@ BOUND_RESOLVE_S = {
     "GpufleetEngineITLHigh": 300 + 15 + 90,
     # from the alert: Alertmanager's group_wait, the rulebook service's playbook run (the prune), the next scrapes
     "GpufleetDiskAlmostFull": 10 + 180 + 90,
-    # liveness started again: three failed probes (5 s apart, 10 s each) before it restarts the hung engine
-    "GpufleetEngineNotGenerating": 3 * 15 + 30 + 90,
+    # liveness started again: three failed probes (10 s each, 5 s apart), the incident bundle (py-spy dumps of a hung
+    # engine's processes, at most 20 s), the restart and the engine's start, the next scrapes
+    "GpufleetEngineNotGenerating": 3 * 15 + 30 + 30 + 90,
 }
 BOUND_RESOLVE_DEFAULT_S = 90
 
@@ -720,7 +721,7 @@ def test_a_deploy_whose_engine_resolves_against_the_policy_is_rolled_back(fleet)
 
 
 class SlowClients(threading.Thread):
-    """Three clients of mon-01's engine itself (not the gateway): short streamed chat completions, one after the
+    """Three clients of one engine itself (not the gateway): short streamed chat completions, one after the
     other each, every answer's HTTP status kept (0: no answer)."""
 
     def __init__(self, host: dict):
@@ -773,24 +774,26 @@ def stream_until_hung(host: dict, started: threading.Event) -> None:
 def test_the_slow_faults_fire_their_alerts_and_a_full_disk_heals_itself(fleet):
     """Round 3, the faults whose alerts take minutes, all at once, each on its own host or layer:
 
-    * mon-01: every forward step 6 s longer (the simulator's runtime fault ``slow-step=6``: a GPU held at low clocks)
+    * mon-02: every forward step 6 s longer (the simulator's runtime fault ``slow-step=6``: a GPU held at low clocks)
       under three streaming clients of its own -> GpufleetEngineTTFTHigh and GpufleetEngineITLHigh (p99 over 5m above
-      the class's 5 s and 0.2 s, for 2m); the engine still generates, so liveness leaves it alone; repair: the fault
-      file emptied, the clients stopped; they resolve once the slow answers leave the 5m window;
+      the class's 5 s and 0.2 s, for 2m); the engine still finishes requests, so liveness leaves it alone (busy, not
+      hung); repair: the fault file emptied, the clients stopped; they resolve once the slow answers leave the 5m
+      window;
     * mon-01: ``/srv/models`` on a 64 MiB file system of its own (a loop device: a lab host's root is the controller's
       own disk) holding the model and an unused revision of another model, two days old, that leaves 5% free ->
       GpufleetDiskAlmostFull; the rulebook service runs the prune (on, as a user has it): the old revision goes, the
       model stays, and the alert resolves with no person;
-    * mon-02: a long stream running, the liveness service stopped (-> GpufleetLivenessNotRunning), then its scheduler
-      stuck (``hang-after-ready``) -> GpufleetEngineNotGenerating; repair: the fault file emptied and liveness started
-      again, which restarts the hung engine;
-    * the gateway: mon-02 deleted through smg's own API -> GpufleetRouterRecordDrift (``not_in_router``) and
-      GpufleetRouterWorkerMissing; repair: playbooks/router.yml once mon-02 answers again.
+    * mon-01 also: a long stream running, the liveness service stopped (-> GpufleetLivenessNotRunning), then its
+      scheduler stuck (``hang-after-ready``) -> GpufleetEngineNotGenerating; repair: the fault file emptied and
+      liveness started again, which restarts the hung engine (on mon-01: mon-02's engine leaks its GPU memory when
+      killed, the module's fault for GpufleetGpuForeignMemory);
+    * the gateway: mon-01 deleted through smg's own API -> GpufleetRouterRecordDrift (``not_in_router``) and
+      GpufleetRouterWorkerMissing; repair: playbooks/router.yml once mon-01 answers again.
     """
     h1, h2, gw = fleet["hosts"]["mon-01"], fleet["hosts"]["mon-02"], fleet["hosts"][GATEWAY]
-    ttft, itl, disk = (("GpufleetEngineTTFTHigh", "mon-01"), ("GpufleetEngineITLHigh", "mon-01"),
+    ttft, itl, disk = (("GpufleetEngineTTFTHigh", "mon-02"), ("GpufleetEngineITLHigh", "mon-02"),
                        ("GpufleetDiskAlmostFull", "mon-01"))  # fmt: skip
-    liveness, stuck = ("GpufleetLivenessNotRunning", "mon-02"), ("GpufleetEngineNotGenerating", "mon-02")
+    liveness, stuck = ("GpufleetLivenessNotRunning", "mon-01"), ("GpufleetEngineNotGenerating", "mon-01")
     drift, missing = ("GpufleetRouterRecordDrift", GATEWAY), ("GpufleetRouterWorkerMissing", GATEWAY)
     faults, planted, repaired_at = {}, {}, {}
 
@@ -802,7 +805,7 @@ def test_the_slow_faults_fire_their_alerts_and_a_full_disk_heals_itself(fleet):
         repaired_at.update(dict.fromkeys(keys, time.monotonic()))
 
     image, device = fleet["work"] / "mon-01-models.img", ""
-    clients, stream_started = SlowClients(h1), threading.Event()
+    clients, stream_started = SlowClients(h2), threading.Event()
     try:
         # mon-01's model folder on a small file system: the model copied in, then an old revision that fills it
         subprocess.run(["truncate", "-s", "64M", str(image)], check=True)
@@ -819,23 +822,23 @@ def test_the_slow_faults_fire_their_alerts_and_a_full_disk_heals_itself(fleet):
                f"fallocate -l $((avail - size / 20)) {old}/model-00001-of-00001.safetensors && "
                f"touch -d '2 days ago' {old}/model-00001-of-00001.safetensors {old} /srv/models/glm-4-old")  # fmt: skip
         plant({disk: "mon-01's /srv/models 95% full (an unused revision of another model)"})
-        # mon-02: a stream running, liveness stopped, the scheduler stuck; the gateway: mon-02 deleted through its API
-        threading.Thread(target=stream_until_hung, args=(h2, stream_started), daemon=True).start()
-        assert stream_started.wait(60), "mon-02's stream did not start"
-        on(h2, "systemctl stop sglang-server-liveness.service")
-        plant({liveness: "mon-02's liveness service stopped"})
-        on(h2, f"echo hang-after-ready > {FAULT_FILE}")
-        plant({stuck: "mon-02's scheduler stuck with a stream running"})
-        remove_worker(fleet, next(w for w in router_workers(fleet) if h2["address"] in w["url"]))
-        plant({drift: "mon-02 deleted through smg's own API", missing: "mon-02 deleted through smg's own API"})
-        # mon-01: every step 6 s longer under three streaming clients
-        on(h1, f"echo slow-step=6 > {FAULT_FILE}")
+        # mon-01: a stream running, liveness stopped, the scheduler stuck; the gateway: mon-01 deleted through its API
+        threading.Thread(target=stream_until_hung, args=(h1, stream_started), daemon=True).start()
+        assert stream_started.wait(60), "mon-01's stream did not start"
+        on(h1, "systemctl stop sglang-server-liveness.service")
+        plant({liveness: "mon-01's liveness service stopped"})
+        on(h1, f"echo hang-after-ready > {FAULT_FILE}")
+        plant({stuck: "mon-01's scheduler stuck with a stream running"})
+        remove_worker(fleet, next(w for w in router_workers(fleet) if h1["address"] in w["url"]))
+        plant({drift: "mon-01 deleted through smg's own API", missing: "mon-01 deleted through smg's own API"})
+        # mon-02: every step 6 s longer under three streaming clients
+        on(h2, f"echo slow-step=6 > {FAULT_FILE}")
         clients.start()
-        slow = "mon-01's steps 6 s longer, three streaming clients"
+        slow = "mon-02's steps 6 s longer, three streaming clients"
         plant({ttft: slow, itl: slow})
 
         fired = wait_for(fleet, {ttft: "", itl: "", disk: ""}, True, BOUND_FIRE_S, planted)
-        on(h1, f": > {FAULT_FILE}")
+        on(h2, f": > {FAULT_FILE}")
         clients.done.set()
         repaired(ttft, itl)
         # the full disk: the rulebook service's prune, no person
@@ -847,13 +850,14 @@ def test_the_slow_faults_fire_their_alerts_and_a_full_disk_heals_itself(fleet):
         resolved = wait_for(fleet, {disk: ""}, False, BOUND_RESOLVE_S, {disk: planted[disk] + fired[disk]})
 
         fired |= wait_for(fleet, {liveness: "", stuck: "", drift: "", missing: ""}, True, BOUND_FIRE_S, planted)
-        hung_run = on(h2, "systemctl show -p InvocationID --value sglang-server.service").strip()
-        on(h2, f": > {FAULT_FILE}; systemctl start sglang-server-liveness.service")
+        hung_run = on(h1, "systemctl show -p InvocationID --value sglang-server.service").strip()
+        on(h1, f": > {FAULT_FILE}; systemctl start sglang-server-liveness.service")
         repaired(liveness, stuck)
-        wait_until("liveness restarts mon-02's hung engine and it answers",
-                   lambda: health(h2["address"]) == 200
-                   and on(h2, "systemctl show -p InvocationID --value sglang-server.service").strip() != hung_run,
-                   180, lambda: on(h2, "journalctl -u sglang-server-liveness --no-pager | tail -20"))  # fmt: skip
+        invocation = "systemctl show -p InvocationID --value sglang-server.service"
+        journals = "journalctl -u sglang-server-liveness -u sglang-server --no-pager | tail -40"
+        wait_until("liveness restarts mon-01's hung engine and it answers",
+                   lambda: health(h1["address"]) == 200 and on(h1, invocation).strip() != hung_run,
+                   BOUND_RESOLVE_S["GpufleetEngineNotGenerating"], lambda: on(h1, journals))  # fmt: skip
         rc, out = playbook(fleet, "playbooks/router.yml")
         assert rc == 0, out[-4000:]
         repaired(drift, missing)
@@ -862,8 +866,8 @@ def test_the_slow_faults_fire_their_alerts_and_a_full_disk_heals_itself(fleet):
         resolved |= wait_for(fleet, {ttft: "", itl: ""}, False, BOUND_RESOLVE_S, repaired_at)
     finally:
         clients.done.set()
-        on(h1, f": > {FAULT_FILE}", check=False)
-        on(h2, f": > {FAULT_FILE}; systemctl start sglang-server-liveness.service", check=False)
+        on(h2, f": > {FAULT_FILE}", check=False)
+        on(h1, f": > {FAULT_FILE}; systemctl start sglang-server-liveness.service", check=False)
         on(h1, "umount -l /srv/models; rm -f /dev/gpufleet-models", check=False)
         if device:
             subprocess.run(["losetup", "-d", device], check=False)
