@@ -20,22 +20,22 @@ def baseline_file(gpu_cls: str, model: str, lane: str) -> str:
     return f"{slug(gpu_cls)}--{slug(model)}--{slug(lane)}.json"
 
 
-def rollout_quality_key(host_vars, model: str, default_lane: str = "", deployed_lane: str = "") -> dict:
+def rollout_quality_key(host_vars, model: str, lane: str = "", deployed_lane: str = "") -> dict:
     """{gpu_class, model, lane, file} of one host: its GPU class as the benchmarks name it (serving_bench_gpu_class,
     else '<GPU name> x<count>' from its gpu_facts), its model (as the disruption budget counts it), its lane and the
     baseline's file name '<class>--<model>--<lane>.json' (each part as a file name: serving_bench_slug).
 
     The lane is the one the host runs now, before the change: ``deployed_lane`` (the lane of its last-known-good
-    manifest, the version its server runs, proven), else the inventory's (ml_env_lock, else
-    ``default_lane``). A rollout that changes the lane is judged against the baseline of the lane it leaves: the new
-    lane has none yet."""
+    manifest, the version its server runs, proven), else ``lane``, the inventory's (ml_env's export,
+    ``hostvars[host].ml_env_lane.lock``). A rollout that changes the lane is judged against the baseline of the lane it
+    leaves: the new lane has none yet."""
     hv = host_vars or {}
     facts = (hv.get("ansible_facts") or {}).get("gpu_facts") or {}
     try:
         cls = gpu_class(facts, str(hv.get("serving_bench_gpu_class") or ""))
     except Exception:  # no GPU fact and no override: named as such, the baseline then cannot be found
         cls = "unknown GPU class"
-    lane = str(deployed_lane or hv.get("ml_env_lock") or default_lane or "default")
+    lane = str(deployed_lane or lane or "default")
     model = str(model or "default")
     flags = hv.get("sglang_server_flags") or hv.get("sglang_server_inventory_flags") or {}
     return {

@@ -525,39 +525,15 @@ def _read(path: str) -> str:
         return ""
 
 
-# engine_lane's answers in this process, each with the stat of what it read: a role templates the lane at every
-# reference (about twenty in one task's variables), and a lock's requirements.txt is a few hundred KB of hashes.
-_LANES: dict = {}
-_LANE_FILES = ("lock.yml", "requirements.txt", "requirements.in")
-
-
-def _stamp(path: str):
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
-
-
 def engine_lane(lock, locks_dir=None, variable="ml_env_lock") -> dict:
-    """The lane of lock ``lock`` (_engine_lane), read again only when the locks folder or the lock's files changed."""
-    lock_s, dir_s = "" if lock is None else str(lock), os.fspath(locks_dir or LOCKS_DIR)
-    stamps = (_stamp(dir_s), *(_stamp(os.path.join(dir_s, lock_s, name)) for name in _LANE_FILES))
-    key = (dir_s, lock_s, variable)
-    cached = _LANES.get(key)
-    if cached is None or cached[0] != stamps:
-        cached = _LANES[key] = (stamps, _engine_lane(lock, locks_dir, variable))
-    return dict(cached[1])
-
-
-def _engine_lane(lock, locks_dir=None, variable="ml_env_lock") -> dict:
     """The lane of lock ``lock`` (a folder of ``locks_dir``, by default the project's or installed collection's locks/,
     LOCKS_DIR): ``{lock, dir, engine_version, cuda_version, table,
     problem}``. ``engine_version`` is the sglang the lock pins (requirements.txt, else requirements.in), else the
     ``engine_version`` its lock.yml declares (a lock that pins no sglang but stands for one: the lab's simulator
     locks); ``table`` the version whose argument table checks the flags: the engine version, or the pinned default
     (DEFAULT_VERSION) for a lock with neither. ``problem`` (empty when none) names the variable that named the
-    lock (``variable``) and the fix."""
+    lock (``variable``) and the fix. Derived once per host and entry (ml_env's entry point lane sets the fact
+    ml_env_lane, which the roles read)."""
     lock = "" if lock is None else str(lock)
     locks_dir = os.fspath(locks_dir or LOCKS_DIR)
     lane = {"lock": lock, "dir": os.path.join(locks_dir, lock), "engine_version": None, "cuda_version": None,

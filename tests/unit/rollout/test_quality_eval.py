@@ -183,8 +183,8 @@ def test_a_baseline_that_cannot_judge_the_run_is_named():
 
 def test_the_key_of_a_host_names_its_class_model_and_lane():
     facts = {"gpu_facts": {"gpu_count": 2, "gpus": [{"name": "NVIDIA H200"}, {"name": "NVIDIA H200"}]}}
-    hv = {"ansible_facts": facts, "ml_env_lock": "sglang-cu130", "sglang_server_flags": {"enable-nan-detection": True}}
-    key = rollout_quality_key(hv, "glm-5", "sglang-cu128")
+    hv = {"ansible_facts": facts, "sglang_server_flags": {"enable-nan-detection": True}}
+    key = rollout_quality_key(hv, "glm-5", "sglang-cu130")  # the lane as ml_env exports it (ml_env_lane.lock)
     assert key == {
         "gpu_class": "NVIDIA H200 x2",
         "model": "glm-5",
@@ -192,7 +192,7 @@ def test_the_key_of_a_host_names_its_class_model_and_lane():
         "file": "nvidia-h200-x2--glm-5--sglang-cu130.json",
         "nan_detection": True,
     }
-    # the benchmarks' class override wins; ml-env's default lock when the host names none; no NaN flag
+    # the benchmarks' class override wins; no NaN flag
     key = rollout_quality_key({"serving_bench_gpu_class": "My Class x8"}, "qwen3", "sglang-cu128")
     assert key["file"] == "my-class-x8--qwen3--sglang-cu128.json" and key["nan_detection"] is False
 

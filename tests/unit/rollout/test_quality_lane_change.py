@@ -19,18 +19,18 @@ FACTS = {"gpu_facts": {"gpu_count": 2, "gpus": [{"name": "NVIDIA H200"}, {"name"
 
 
 def test_the_key_takes_the_deployed_lane_over_the_inventorys():
-    hv = {"ansible_facts": FACTS, "ml_env_lock": "sglang-cu130"}
-    assert rollout_quality_key(hv, "glm-5", "sglang-cu128", "sglang-cu128")["file"] == (
+    hv = {"ansible_facts": FACTS}
+    assert rollout_quality_key(hv, "glm-5", "sglang-cu130", "sglang-cu128")["file"] == (
         "nvidia-h200-x2--glm-5--sglang-cu128.json"
     )
-    assert rollout_quality_key(hv, "glm-5", "sglang-cu128", "")["lane"] == "sglang-cu130"
+    assert rollout_quality_key(hv, "glm-5", "sglang-cu130", "")["lane"] == "sglang-cu130"
 
 
 def _plan_task_vars() -> dict:
     tasks = yaml.safe_load((REPO / "roles/rollout/tasks/quality_plan.yml").read_text())
     block = tasks[0]["block"]
     task = next(t for t in block if t["name"] == "The key and the stored baseline of each canary host")
-    return {k: task["vars"][k] for k in ("default_lane", "deployed_lane", "key")}
+    return {k: task["vars"][k] for k in ("inventory_lane", "deployed_lane", "key")}
 
 
 @pytest.mark.parametrize(
@@ -43,6 +43,8 @@ def test_quality_plan_keys_the_canary_by_the_lane_it_runs_before_the_change(tmp_
     read = {"item": "gpu-01", "failed": manifest is None}
     if manifest is not None:
         read["content"] = base64.b64encode(json.dumps(manifest).encode()).decode()
+    # the inventory's lane: ml_env_lock, exported by ml_env's entry point lane as ml_env_lane (the render's play runs
+    # sglang_server's flags entry point first, which runs it, as rollout's plan_inputs.yml does)
     host = {"ansible_connection": "local", "ml_env_lock": "lab-sim-cu130", "serving_bench_gpu_class": "NVIDIA H200 x2"}
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"gpu-01": host}}}))
     extra = {

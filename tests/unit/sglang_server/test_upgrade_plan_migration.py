@@ -138,9 +138,12 @@ def test_the_roles_lane_is_the_hosts_lock(tmp_path, extra, lock, table):
 
 
 def test_the_roles_lane_refuses_an_unknown_lock_naming_ml_env_lock(tmp_path):
-    lane = render(REPO / "inventory" / "lab" / "group_vars", "localhost", LANE_EXPR, {"ml_env_lock": "nope"}, tmp_path)
-    assert lane["problem"].startswith("ml_env_lock 'nope' names no lock folder under ")
-    assert lane["problem"].endswith("`python locks/update_locks.py production --name nope`)")
+    """The flags entry point (ml_env's lane first) refuses the host, naming the variable and the fix."""
+    with pytest.raises(AssertionError) as refused:
+        render(REPO / "inventory" / "lab" / "group_vars", "localhost", LANE_EXPR, {"ml_env_lock": "nope"}, tmp_path)
+    said = str(refused.value)
+    assert "localhost: ml_env_lock 'nope' names no lock folder under " in said
+    assert "`python locks/update_locks.py production --name nope`)" in said
 
 
 def _exact_flag_check_vars() -> dict:
@@ -183,5 +186,7 @@ def test_the_roles_lane_follows_ml_env_lock_dir_when_the_inventory_sets_it(tmp_p
         "",
     )
     missing = {"ml_env_lock_dir": str(tmp_path / "locks" / "gone")}
-    lane = render(REPO / "inventory" / "lab" / "group_vars", "localhost", LANE_EXPR, missing, tmp_path)
-    assert lane["problem"].startswith("ml_env_lock_dir 'gone' names no lock folder under " + str(tmp_path / "locks"))
+    with pytest.raises(AssertionError) as refused:
+        render(REPO / "inventory" / "lab" / "group_vars", "localhost", LANE_EXPR, missing, tmp_path)
+    said = str(refused.value)
+    assert "localhost: ml_env_lock_dir 'gone' names no lock folder under " + str(tmp_path / "locks") in said
