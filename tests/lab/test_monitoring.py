@@ -850,10 +850,10 @@ def test_the_slow_faults_fire_their_alerts_and_a_full_disk_heals_itself(fleet):
         resolved = wait_for(fleet, {disk: ""}, False, BOUND_RESOLVE_S, {disk: planted[disk] + fired[disk]})
 
         fired |= wait_for(fleet, {liveness: "", stuck: "", drift: "", missing: ""}, True, BOUND_FIRE_S, planted)
-        hung_run = on(h1, "systemctl show -p InvocationID --value sglang-server.service").strip()
+        invocation = "systemctl show -p InvocationID --value sglang-server.service"
+        hung_run = on(h1, invocation).strip()
         on(h1, f": > {FAULT_FILE}; systemctl start sglang-server-liveness.service")
         repaired(liveness, stuck)
-        invocation = "systemctl show -p InvocationID --value sglang-server.service"
         journals = "journalctl -u sglang-server-liveness -u sglang-server --no-pager | tail -40"
         wait_until("liveness restarts mon-01's hung engine and it answers",
                    lambda: health(h1["address"]) == 200 and on(h1, invocation).strip() != hung_run,

@@ -39,6 +39,7 @@ VALUED = {
     "partial-quality": ("partial_quality", "a share (partial-quality=SHARE)", lambda v: 0 < v <= 1, "in (0, 1]"),
     "slow-step": ("slow_step", "a number of seconds (slow-step=SECONDS)", lambda v: v >= 0, "non-negative"),
 }
+VALUED_FIELDS = frozenset(field for field, *_ in VALUED.values())
 
 
 class FaultError(ValueError):
@@ -68,7 +69,7 @@ class Faults:
         for field, value in self.__dict__.items():
             if value:
                 name = field.replace("_", "-")
-                out.append(f"{name}={value:g}" if field in ("slow_start", "partial_quality", "slow_step") else name)
+                out.append(f"{name}={value:g}" if field in VALUED_FIELDS else name)
         return out
 
 
@@ -97,7 +98,7 @@ def parse_item(item: str, source: str = "SGLANG_SIM_FAULT") -> tuple[str, object
             raise FaultError(f"{name} needs {what} {words}, got {item!r}")
         return field, number
     field = name.replace("-", "_")
-    if sep or field not in Faults.__dataclass_fields__ or field in [v[0] for v in VALUED.values()]:
+    if sep or field not in Faults.__dataclass_fields__ or field in VALUED_FIELDS:
         raise FaultError(f"unknown fault {item!r} in {source}; known faults: {', '.join(KNOWN)}")
     return field, True
 
