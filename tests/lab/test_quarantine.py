@@ -246,9 +246,15 @@ def test_a_frozen_engine_serves_again_with_no_person_and_only_its_own_requests_f
     with Load(gw, workers=4, limit_s=budget_s + 120) as load:
         wait_until("requests on every server", lambda: sum(load.ok.values()) >= 8, 60)
         frozen = time.monotonic()
-        on(fleet[host], "kill -STOP $(systemctl show -p MainPID --value sglang-server.service)")
+        # the engine's main process: the launcher's child (the unit's MainPID is the launcher)
+        on(
+            fleet[host],
+            "kill -STOP $(pgrep -P $(systemctl show -p MainPID --value sglang-server.service) "
+            "-f sglang_sim.launch_server)",
+        )
         wait_until("liveness restarts the frozen engine", lambda: unit_state(fleet[host])["start"] != before["start"],
-                   budget_s)  # fmt: skip
+                   budget_s, lambda: on(fleet[host], "journalctl -u sglang-server-liveness --no-pager | tail -30; "
+                                        "cat /var/lib/gpufleet/sglang-server/liveness-state.json"))  # fmt: skip
         restarted = time.monotonic()
         wait_until("the server serves through the gateway again",
                    lambda: healthy_urls(gw) == sorted(url(fleet, h) for h in SERVERS), budget_s)  # fmt: skip
