@@ -18,7 +18,9 @@ In order:
    back into the gateway, the record and metric gone; no request fails; a second release changes nothing;
 6. the restart action (GpufleetLivenessGaveUp's) on another host under load: out, restarted, back, no failed request;
    while a rollout holds the fleet lock the same action is refused and says so, puts nothing back, and the rollout
-   ends OK with every server in the gateway.
+   ends OK with every server in the gateway;
+7. ``kill -STOP`` of a third host's engine under load: liveness restarts it and it is back in the gateway with no
+   person; only the requests it held fail.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 
 import fleet_lab
 import pytest
@@ -224,3 +227,47 @@ def test_the_restart_action_runs_off_the_serving_path_and_is_refused_while_a_rol
     assert "ROLLOUT OK" in " ".join(out.split()), out[-3000:]
     assert healthy_urls(gw) == sorted(url(fleet, h) for h in SERVERS)
     assert all(not files for files in lock_files(fleet).values())
+
+
+def test_a_frozen_engine_serves_again_with_no_person_and_only_its_own_requests_fail(fleet):
+    """``kill -STOP`` of a server's engine (its main process: HTTP server and tokenizer manager, as in SGLang 0.5.9)
+    under load through the gateway. smg's wedge check sends it no new request within seconds (docs/fleet-router.md,
+    "A sick worker"); liveness keeps an incident bundle and restarts the unit; the server serves and is in the gateway
+    again within the liveness budget with no person. The requests that fail are those the frozen engine held when it
+    stopped or took before smg's check: each client thread has at most one in flight, so at most one per thread, and
+    none after the restart."""
+    gw, host = fleet[GATEWAY]["address"], SERVERS[0]
+    before = unit_state(fleet[host])
+    bundles = on(fleet[host], "ls /var/lib/gpufleet/incidents 2>/dev/null || true").split()
+    # the budget: 3 failed probes (10 s each, 5 s apart), the bundle (its commands' limits: 20 s for each py-spy dump,
+    # 30 s for the journal), the engine's start and the gateway's health checks (every 5 s, 2 successes); generous for
+    # a loaded 2-core machine
+    budget_s = 3 * 15 + 60 + 60
+    with Load(gw, workers=4, limit_s=budget_s + 120) as load:
+        wait_until("requests on every server", lambda: sum(load.ok.values()) >= 8, 60)
+        frozen = time.monotonic()
+        # the engine's main process: the launcher's child (the unit's MainPID is the launcher)
+        on(
+            fleet[host],
+            "kill -STOP $(pgrep -P $(systemctl show -p MainPID --value sglang-server.service) "
+            "-f sglang_sim.launch_server)",
+        )
+        wait_until("liveness restarts the frozen engine", lambda: unit_state(fleet[host])["start"] != before["start"],
+                   budget_s, lambda: on(fleet[host], "journalctl -u sglang-server-liveness --no-pager | tail -30; "
+                                        "cat /var/lib/gpufleet/sglang-server/liveness-state.json"))  # fmt: skip
+        restarted = time.monotonic()
+        wait_until("the server serves through the gateway again",
+                   lambda: healthy_urls(gw) == sorted(url(fleet, h) for h in SERVERS), budget_s)  # fmt: skip
+        back = time.monotonic()
+        served = sum(load.ok.values())
+        wait_until("requests after its return", lambda: sum(load.ok.values()) >= served + 8, 120)
+    assert len(load.failures) <= load.workers, load.failures
+    assert all(t <= restarted + 5 for t in load.failed_at), (load.failed_at, restarted, load.failures)
+    new = [b for b in on(fleet[host], "ls /var/lib/gpufleet/incidents").split() if b not in bundles]
+    assert len(new) == 1 and new[0].endswith("-sglang-server-liveness"), new
+    assert "stacks.txt" in on(fleet[host], f"ls /var/lib/gpufleet/incidents/{new[0]}")
+    measured = {"restarted_after_s": round(restarted - frozen, 1),
+                "serving_in_gateway_after_s": round(back - frozen, 1),
+                "failed_requests": len(load.failures), "ok_requests": sum(load.ok.values())}  # fmt: skip
+    (WORK / "frozen-engine.json").write_text(json.dumps(measured, indent=1))
+    print("frozen engine:", json.dumps(measured))
