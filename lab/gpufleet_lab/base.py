@@ -18,7 +18,8 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 SUITE = "bookworm"
 # What every lab "VM" has before any role runs: a systemd host reachable over ssh with a Python for
 # Ansible. python3-apt/python3-debian serve ansible.builtin.apt and deb822_repository; acl lets
-# become_user switch to unprivileged users; curl is used by health checks.
+# become_user switch to unprivileged users; curl is used by health checks; systemd-journal-remote writes the lab's
+# kernel log lines (lab/gpusim/gpusim_kmsg.py: its binary only, no unit of it is enabled).
 PACKAGES = (
     "systemd",
     "systemd-sysv",
@@ -37,6 +38,7 @@ PACKAGES = (
     "gnupg",
     "xz-utils",
     "zstd",
+    "systemd-journal-remote",
 )
 # Customize hooks run by mmdebstrap inside the new tree ($1 is the root).
 HOOKS = (

@@ -26,7 +26,7 @@ def check_profile(profile: str) -> None:
 
 
 def install_equipment(root: Path, profile: str) -> None:
-    """Install the simulated nvidia-smi and the host's GPU profile into a host root filesystem."""
+    """Install the simulated nvidia-smi, its tools and the host's GPU profile into a host root filesystem."""
     check_profile(profile)
     target = root / "etc/gpusim/profile"
     if target.exists():
@@ -35,11 +35,13 @@ def install_equipment(root: Path, profile: str) -> None:
     smi = root / "usr/bin/nvidia-smi"
     shutil.copyfile(GPUSIM_DIR / "nvidia_smi.py", smi)
     os.chmod(smi, 0o755)
-    # "another program holds the GPUs": any user can run it (lab/gpusim/gpusim_hold.py)
-    hold = root / "usr/local/bin/gpusim-hold"
-    hold.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(GPUSIM_DIR / "gpusim_hold.py", hold)
-    os.chmod(hold, 0o755)
+    # "another program holds the GPUs": any user can run it (lab/gpusim/gpusim_hold.py); the kernel log's NVRM: Xid
+    # lines, which a container has no kernel of its own to write (lab/gpusim/gpusim_kmsg.py, root only: the journal)
+    for name, source in (("gpusim-hold", "gpusim_hold.py"), ("gpusim-kmsg", "gpusim_kmsg.py")):
+        tool = root / "usr/local/bin" / name
+        tool.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(GPUSIM_DIR / source, tool)
+        os.chmod(tool, 0o755)
     (root / "etc/gpusim/README").write_text(
         "gpufleet lab simulator: /usr/bin/nvidia-smi on this host is a simulation driven by\n"
         f"/etc/gpusim/profile (profile {profile}). This host is lab equipment, not a GPU machine.\n"

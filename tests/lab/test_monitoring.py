@@ -113,6 +113,8 @@ BOUND_FIRE_S = {
     "GpufleetGpuPcieDegraded": 120 + 45,
     "GpufleetGpuRowRemapFailed": 60,
     "GpufleetGpuRowRemapPending": 60,
+    "GpufleetGpuXidErrors": 60,
+    "GpufleetGpuFatalXid": 60,
     "GpufleetRouterWorkerMissing": 60 + 45,
     "GpufleetNodeExporterDown": 60 + 45,
     "GpufleetThresholdMissing": 300 + 45,
@@ -319,11 +321,12 @@ def json_file(host: dict, path: str, what: str, bound_s: float, details) -> dict
 def test_the_rulebook_service_quarantines_a_host_from_its_gpu_alert_and_one_command_releases_it(fleet):
     """Event-Driven Ansible end to end, as deployed: the rulebook service (roles/fleet_rulebook: ansible-rulebook with
     Java 17 under systemd on the monitor's host, its own SSH key, a copy of the inventory) is Alertmanager's receiver.
-    With the quarantine turned on in the inventory (monitoring.yml again: the copy), a failed row remapping planted
-    on mon-01's GPU 3 fires GpufleetGpuRowRemapFailed; Alertmanager posts it; the service's rule runs
-    playbooks/remediate.yml for mon-01: out of the gateway, its quarantine record and metric, the report in the
-    service's folder; GpufleetHostQuarantined fires. The fault cleared, the release (a person's command, from the
-    controller) puts it back and the quarantine's alert resolves; the quarantine is turned off again."""
+    With the quarantine turned on in the inventory (monitoring.yml again: the copy), an Xid 79 (GPU 0 fallen off the
+    bus) planted in mon-01's kernel log (lab/gpusim/gpusim_kmsg.py) fires GpufleetGpuFatalXid; Alertmanager posts it;
+    the service's rule runs playbooks/remediate.yml for mon-01: out of the gateway, its quarantine record and metric,
+    the report in the service's folder; GpufleetHostQuarantined fires. The fault cleared (the kernel log of that boot
+    gone, as a reboot leaves it), the release (a person's command, from the controller) puts it back and the
+    quarantine's alert resolves; the quarantine is turned off again."""
     h1, gw = fleet["hosts"]["mon-01"], fleet["hosts"][GATEWAY]
     assert on(gw, "systemctl is-active gpufleet-rulebook.service").strip() == "active"
     assert 'url: "http://127.0.0.1:5000/alerts"' in on(gw, "cat /etc/prometheus/alertmanager.yml")
@@ -339,9 +342,10 @@ def test_the_rulebook_service_quarantines_a_host_from_its_gpu_alert_and_one_comm
         rc, out = playbook(fleet, "playbooks/monitoring.yml")
         assert rc == 0, out[-4000:]
         planted = time.monotonic()
-        gpusim_profile(h1, "p['gpus'][3]['q'] = {'Remapped Rows / Remapping Failure Occurred': 'Yes'}")
-        remap, quarantined = ("GpufleetGpuRowRemapFailed", "mon-01"), ("GpufleetHostQuarantined", "mon-01")
-        fired = wait_for(fleet, {remap: ""}, True, BOUND_FIRE_S, {remap: planted})
+        assert "NVRM: Xid (PCI:0000:01:00): 79, " in on(h1, "gpusim-kmsg --xid 79 --gpu 0")
+        assert "GPU has fallen off the bus." in on(h1, "journalctl -k -b -o cat --no-pager")
+        xid, quarantined = ("GpufleetGpuFatalXid", "mon-01"), ("GpufleetHostQuarantined", "mon-01")
+        fired = wait_for(fleet, {xid: ""}, True, BOUND_FIRE_S, {xid: planted})
 
         # then Alertmanager's group_wait, the service's run (the drain of mon-01's own requests)
         def journal() -> str:
@@ -349,17 +353,18 @@ def test_the_rulebook_service_quarantines_a_host_from_its_gpu_alert_and_one_comm
 
         quarantine = json_file(h1, record, "mon-01's quarantine record", 180, journal)
         quarantined_after = round(time.monotonic() - planted, 1)
-        assert quarantine["alert"] == "GpufleetGpuRowRemapFailed" and "mon-01" in quarantine["reason"], quarantine
-        assert quarantine["remedy"] == "replace the GPU: its memory has no spare row left"
+        assert quarantine["alert"] == "GpufleetGpuFatalXid", quarantine
+        assert quarantine["reason"] == "Xid 79 on GPU 0 of mon-01", quarantine  # the alert's summary
+        assert "Xid 79 (fallen off the bus) needs the VM powered off and on" in quarantine["remedy"], quarantine
         wait_for_router(fleet, 1)  # mon-02 only
         assert [w["url"] for w in router_workers(fleet) if w.get("is_healthy")] == [
             f"http://{fleet['hosts']['mon-02']['address']}:8000"
         ]
         fired |= wait_for(fleet, {quarantined: ""}, True, {"GpufleetHostQuarantined": 60 + 45}, {quarantined: planted})
         report = json_file(gw, f"{RULEBOOK_REPORTS}/*-mon-01-quarantine.json", "the service's report", 60, journal)
-        assert report["result"] == "quarantined" and report["alert"] == "GpufleetGpuRowRemapFailed"
-        # the person: the GPU fixed (the profile as it was), then one command
-        gpusim_profile(h1, None)
+        assert report["result"] == "quarantined" and report["alert"] == "GpufleetGpuFatalXid"
+        # the person: the VM powered off and on (this boot's kernel log gone with it), then one command
+        on(h1, "gpusim-kmsg --clear")
         rc, out = playbook(fleet, "playbooks/remediate.yml", "-l", "mon-01", "-e", "fleet_remediation_action=release")
         assert rc == 0, out[-4000:]
         assert "RELEASED mon-01: it serves and is back in every gateway; quarantine lifted." in " ".join(out.split())
@@ -367,17 +372,17 @@ def test_the_rulebook_service_quarantines_a_host_from_its_gpu_alert_and_one_comm
         released = time.monotonic()
         wait_for(
             fleet,
-            {quarantined: "", remap: ""},
+            {quarantined: "", xid: ""},
             False,
             BOUND_RESOLVE_DEFAULT_S,
-            {quarantined: released, remap: released},
+            {quarantined: released, xid: released},
         )
         # a quiet fleet again for the fault rounds (mon-01's absence from the gateway fired GpufleetRouterWorkerMissing)
         quiet = {("GpufleetWatchdog", GATEWAY)}
         wait_until("a quiet fleet again", lambda: {a for a in firing(fleet) if a[0].startswith("Gpufleet")} == quiet,
                    BOUND_RESOLVE_DEFAULT_S + 60, lambda: str(firing(fleet)))  # fmt: skip
     finally:
-        gpusim_profile(h1, None)
+        on(h1, "gpusim-kmsg --clear")
         group_vars(fleet, **REMEDIATIONS_OFF)
         rc, out = playbook(fleet, "playbooks/monitoring.yml")  # the copy with the quarantine off again
         assert rc == 0, out[-4000:]
@@ -387,7 +392,7 @@ def test_the_rulebook_service_quarantines_a_host_from_its_gpu_alert_and_one_comm
         answers = "curl -s -o /dev/null -w '%{http_code}' -m 5 -X POST -d '{}' http://127.0.0.1:5000/alerts"
         wait_until("the rulebook service answers again", lambda: on(gw, answers, check=False).endswith("400"), 120)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    measured = {"GpufleetGpuRowRemapFailed fired_after_s": fired[remap], "quarantined_after_s": quarantined_after,
+    measured = {"GpufleetGpuFatalXid fired_after_s": fired[xid], "quarantined_after_s": quarantined_after,
                 "GpufleetHostQuarantined fired_after_s": fired[quarantined]}  # fmt: skip
     (ARTIFACTS / "monitoring-quarantine.json").write_text(json.dumps(measured, indent=1))
     print("quarantine:", json.dumps(measured))
@@ -488,8 +493,15 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
     hot, throttled, pcie = (("GpufleetGpuHot", "mon-01"), ("GpufleetGpuThrottled", "mon-01"),
                             ("GpufleetGpuPcieDegraded", "mon-01"))  # fmt: skip
     remap_failed, remap_pending = ("GpufleetGpuRowRemapFailed", "mon-01"), ("GpufleetGpuRowRemapPending", "mon-01")
+    xid, fatal_xid = ("GpufleetGpuXidErrors", "mon-01"), ("GpufleetGpuFatalXid", "mon-01")
     missing, node = ("GpufleetRouterWorkerMissing", GATEWAY), ("GpufleetNodeExporterDown", GATEWAY)
     thresholds = ("GpufleetThresholdMissing", "")
+    # mon-01's kernel log readable first (its first line, lab/gpusim/gpusim_kmsg.py), as a real host's is: its Xid count
+    # is 0 before the Xid line below (the rulebook test's Xid had no such line: its count began at 1, so
+    # GpufleetGpuXidErrors, a rise over 15m, did not fire there)
+    on(h1, "gpusim-kmsg --boot")
+    wait_until("mon-01's Xid count of 0 in Prometheus",
+               lambda: query(fleet, 'gpufleet_gpu_xid_errors_total{instance="mon-01"} == 0'), 60)  # fmt: skip
     on(gw, f"sed -i '/record: gpufleet:ttft_p99_threshold_seconds/,+2d' {THRESHOLDS}; "
            "systemctl reload prometheus.service")  # fmt: skip
     assert "gpufleet:ttft_p99_threshold_seconds" not in on(gw, f"cat {THRESHOLDS}")
@@ -503,6 +515,7 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
                        "'Remapped Rows / Remapping Failure Occurred': 'Yes'}; "
                        "g[4]['q'] = {'PCI / GPU Link Info / Link Width / Current': '8x'}; "
                        "g[4]['utilization_gpu'] = 97")  # fmt: skip
+    assert "NVRM: Xid (PCI:0000:06:00): 79, " in on(h1, "gpusim-kmsg --xid 79 --gpu 5")  # GPU 5 fell off the bus
     on(h2, "kill -9 $(systemctl show -p MainPID --value sglang-server.service)")
     remove_worker(fleet, next(w for w in router_workers(fleet) if h2["address"] in w["url"]))
     on(gw, "systemctl stop prometheus-node-exporter.service")
@@ -515,6 +528,8 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
         remap_failed: "a failed row remapping on mon-01's GPU 3",
         remap_pending: "a row remapping pending on mon-01's GPU 3",
         pcie: "mon-01's GPU 4 busy on a PCIe link at x8 of x16",
+        xid: "an Xid line in mon-01's kernel log",
+        fatal_xid: "an Xid 79 (fallen off the bus) for mon-01's GPU 5",
         foreign: "mon-02's engine killed, its leaked GPU memory held",
         down: "mon-02's engine killed, no GPU memory left for its restart",
         missing: "mon-02 removed from the router",
@@ -535,9 +550,11 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
     # round 1: the repairs
     on(h1, f": > {FAULT_FILE}")
     gpusim_profile(h1, None)
+    on(h1, "gpusim-kmsg --clear && gpusim-kmsg --boot")  # the VM powered off and on: a new boot's kernel log
     on(gw, "systemctl start prometheus-node-exporter.service")
-    repaired(probe, node, hot, throttled, remap_failed, remap_pending, pcie)
-    gpu_health = dict.fromkeys((hot, throttled, remap_failed, remap_pending, pcie), "")
+    repaired(probe, node, hot, throttled, remap_failed, remap_pending, pcie, fatal_xid)
+    # (GpufleetGpuXidErrors, like the ECC and restart counts, stays 15 minutes after its line: the rule's window)
+    gpu_health = dict.fromkeys((hot, throttled, remap_failed, remap_pending, pcie, fatal_xid), "")
     resolved |= wait_for(fleet, {probe: "", node: "", **gpu_health}, False, BOUND_RESOLVE_S, repaired_at)
     on(h2, "systemctl stop sglang-server.service; nvidia-smi --gpu-reset -i 0,1,2,3,4,5,6,7 >/dev/null; "
            "systemctl reset-failed sglang-server.service; systemctl start sglang-server.service")  # fmt: skip
