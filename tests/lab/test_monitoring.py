@@ -42,12 +42,13 @@ lab's inventory has it: roles/fleet_rulebook) and names it in Alertmanager's rec
 the restart and the quarantine off (fleet_remediation_{restart,quarantine}_enabled: false): the rounds' faults fire
 their alerts, the service runs the playbook, and it acts on nothing (a turned-off report, no quarantine); the prune
 stays on, and round 3's full disk is pruned by the service. Before the rounds, with the quarantine turned
-on, the service quarantines mon-01 for a failed row remapping on its GPU 3, from the alert, and the release (one
-command, after the fault is cleared) puts it back; GpufleetHostQuarantined fires and resolves.
+on, the service quarantines mon-01 for an Xid 79 in its kernel log (GPU 0 fallen off the bus), from the alert, and the
+release (one command, after the fault is cleared) puts it back; GpufleetHostQuarantined fires and resolves.
 
 Round 3 (after the rest), the faults whose alerts take minutes: a slow engine (TTFT and ITL), a full disk that the
 rulebook service prunes, a stuck scheduler with liveness stopped, a worker deleted through smg's own API (the record
-drift): test_the_slow_faults_fire_their_alerts_and_a_full_disk_heals_itself.
+drift): test_the_slow_faults_fire_their_alerts_and_a_full_disk_heals_itself. Last, Prometheus stopped: the monitor's
+heartbeat (fleet_monitor_heartbeat_url, to a dead man's switch the module runs) falls silent within a minute.
 
 GpufleetEngineRestarting, GpufleetRouterRestarting and GpufleetGpuEccUncorrected count over 15 minutes: they resolve
 15 minutes after the fault, longer than a test waits (their resolution is proven by the promtool unit tests,
@@ -56,6 +57,7 @@ tests/unit/fleet_monitor). The rules no lab fault drives, and why: docs/observab
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
@@ -151,6 +153,34 @@ BOUND_RESOLVE_S = {
 BOUND_RESOLVE_DEFAULT_S = 90
 
 
+class DeadMansSwitch(http.server.ThreadingHTTPServer):
+    """Stands in for the dead man's switch a user points fleet_monitor_heartbeat_url at (healthchecks.io, Dead Man's
+    Snitch): keeps the time (monotonic) of each heartbeat Alertmanager posts and answers 200. It listens on the
+    controller's address on the lab's network (the lab hosts' default route), outside the monitor as a real one is."""
+
+    def __init__(self, address: str):
+        self.beats: list[float] = []
+        switch = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if [a["labels"].get("alertname") for a in body.get("alerts", [])] == ["GpufleetWatchdog"]:
+                    switch.beats.append(time.monotonic())
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__((address, 0), Handler)
+        self.url = f"http://{address}:{self.server_address[1]}/ping/gpufleet-lab"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def last(self) -> float:
+        return self.beats[-1] if self.beats else 0.0
+
+
 def on(host: dict, script: str, check: bool = True) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "gpufleet_lab", "--name", NAME, "exec", host["name"], "--", "bash", "-c", script],
@@ -184,10 +214,14 @@ def fleet(tmp_path_factory):
     result = lab_json("--name", NAME, "up", "--hosts", "2", "--host-names", ",".join(SERVERS), "--routers", "1",
                       "--monitors", "1", "--profile", "rtx-pro-6000x8-vm", "--inventory", str(inventory))  # fmt: skip
     hosts = {h["name"]: h for h in result["hosts"]}
+    # the monitor's heartbeat to a dead man's switch, as a user sets it (fleet_monitor_heartbeat_url)
+    controller = on(hosts[GATEWAY], "ip -4 route show default").split()[2]
+    switch = DeadMansSwitch(controller)
     (inventory.parent / "group_vars").mkdir()
     # the reports in the lab's work folder (a user's land in reports/<fleet>/; the rulebook service's in its own), and
     # the restart and the quarantine turned off (the rulebook test turns the quarantine on for itself)
-    group_vars = GROUP_VARS | {"fleet_reports_dir": str(work / "reports"), **REMEDIATIONS_OFF}
+    group_vars = GROUP_VARS | {"fleet_reports_dir": str(work / "reports"), "fleet_monitor_heartbeat_url": switch.url,
+                               **REMEDIATIONS_OFF}  # fmt: skip
     (inventory.parent / "group_vars/all.yml").write_text(json.dumps(group_vars, indent=1))
     (inventory.parent / "host_vars").mkdir()
     # mon-02's engine registers its GPU memory as leaking: it stays held if the engine dies (the simulator's fault)
@@ -195,13 +229,14 @@ def fleet(tmp_path_factory):
     (inventory.parent / "host_vars/mon-02.yml").write_text(json.dumps({"sglang_server_environment": env02}))
     for name in SERVERS:
         simfleet.install(NAME, name, LAB_ENV)
-    fleet = {"inventory": inventory, "hosts": hosts, "work": work}
+    fleet = {"inventory": inventory, "hosts": hosts, "work": work, "switch": switch}
     for name in ("playbooks/deploy_server.yml", "playbooks/router.yml", "playbooks/monitoring.yml"):
         rc, out = playbook(fleet, name)
         (work / f"{os.path.basename(name)}.log").write_text(out)
         assert rc == 0, f"{name}: {out[-6000:]}"
     fleet["first_monitoring_run"] = out
     yield fleet
+    switch.shutdown()
     if os.environ.get("GPUFLEET_KEEP_LAB") != "1":  # kept for a look after a failure (the lab tool's `down` later)
         lab("--name", NAME, "down", check=False)
 
@@ -899,3 +934,36 @@ def test_the_slow_faults_fire_their_alerts_and_a_full_disk_heals_itself(fleet):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "monitoring-slow-faults.json").write_text(json.dumps(measured, indent=1))
     print("slow alerts:", json.dumps(measured))
+
+
+def test_a_stopped_prometheus_is_noticed_by_the_heartbeats_silence(fleet):
+    """Prometheus stopped raises no alert of its own: the dead man's switch notices that the heartbeat stopped. Each
+    send of GpufleetWatchdog to Alertmanager is valid for 4 x fleet_monitor_alert_resend_delay (15 s; Prometheus 2.42
+    rules/alerting.go:524-534), so the last heartbeat comes at most 60 s after the stop, then none: a switch that
+    expects one every fleet_monitor_heartbeat_interval (1m) pages at most 2 minutes after the stop plus its grace.
+    Started again, the heartbeat is back at the first evaluation (the route's group_wait: 0s). Last in the module:
+    nothing else is watched meanwhile."""
+    switch, gw = fleet["switch"], fleet["hosts"][GATEWAY]
+    # a minute apart while the monitor works (the module has run for many minutes by now)
+    recent = [b for b in switch.beats if b > time.monotonic() - 600]
+    gaps = [round(b - a, 1) for a, b in zip(recent, recent[1:], strict=False)]
+    assert len(recent) >= 5 and all(50 <= g <= 75 for g in gaps), gaps
+    stopped = time.monotonic()
+    on(gw, "systemctl stop prometheus.service")
+    try:
+        # silent for more than the interval and a half: the switch's "late" (its grace here: 30 s)
+        wait_until("the heartbeats stop", lambda: time.monotonic() - switch.last() > 90, 60 + 90 + 30,
+                   lambda: str([round(b - stopped, 1) for b in switch.beats if b > stopped - 120]))  # fmt: skip
+        last_after = round(switch.last() - stopped, 1)
+        assert last_after <= 60 + 5, last_after  # the Watchdog's last send, valid for 60 s
+        assert ("GpufleetWatchdog", GATEWAY) not in firing(fleet)  # resolved in Alertmanager: nothing to send
+    finally:
+        on(gw, "systemctl start prometheus.service")
+    started = time.monotonic()
+    wait_until("the heartbeat again", lambda: switch.last() > started, 60)
+    measured = {"last_heartbeat_after_stop_s": last_after, "silence_seen_after_stop_s": round(started - stopped, 1),
+                "heartbeat_again_after_start_s": round(switch.last() - started, 1),
+                "heartbeat_gaps_s": gaps}  # fmt: skip
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "monitoring-heartbeat.json").write_text(json.dumps(measured, indent=1))
+    print("heartbeat:", json.dumps(measured))

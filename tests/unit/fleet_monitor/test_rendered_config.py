@@ -14,7 +14,7 @@ import yaml
 from role_templates import render_role_templates
 
 REPO = Path(__file__).resolve().parents[3]
-FILES = ["prometheus.yml", "gpufleet-thresholds.yml", "blackbox.yml", "alertmanager.yml"]
+FILES = ["prometheus.yml", "gpufleet-thresholds.yml", "blackbox.yml", "alertmanager.yml", "prometheus.default"]
 TARGETS = {
     "servers": [
         {"host": "h200-01", "address": "10.0.0.11", "port": 8000, "gpu_class": "NVIDIA H200 x8", "model": "glm-5",
@@ -94,9 +94,10 @@ def test_rendered_files_are_what_prometheus_reads(tmp_path):
     am = yaml.safe_load((out / "alertmanager.yml").read_text())
     receivers = {r["name"]: r for r in am["receivers"]}
     assert receivers["gpufleet"]["webhook_configs"][0]["url"] == "https://hooks.example/a"
-    # the heartbeat goes to the dead man's switch only, every minute; with no URL it has no receiver outside
+    # the heartbeat goes to the dead man's switch only, at every flush of its group (every minute: a repeat_interval
+    # as long as the group's would send every other minute); with no URL it has no receiver outside
     assert am["route"]["routes"] == [{"matchers": ['alertname="GpufleetWatchdog"'], "receiver": "heartbeat",
-                                      "group_wait": "0s", "group_interval": "1m", "repeat_interval": "1m"}]  # fmt: skip
+                                      "group_wait": "0s", "group_interval": "1m", "repeat_interval": "1s"}]  # fmt: skip
     assert "webhook_configs" not in receivers["heartbeat"]
     (tmp_path / "beat").mkdir()
     beat = yaml.safe_load(
@@ -106,6 +107,8 @@ def test_rendered_files_are_what_prometheus_reads(tmp_path):
     )
     assert beat["receivers"][0] == {"name": "heartbeat", "webhook_configs": [{"url": "https://hc.example/ping/x",
                                                                              "send_resolved": False}]}  # fmt: skip
+    # Prometheus sends a firing alert again every 15 s: a stopped one's heartbeat leaves Alertmanager within 60 s
+    assert "--rules.alert.resend-delay=15s" in (out / "prometheus.default").read_text()
 
 
 def test_the_rulebook_services_are_alertmanagers_receivers_their_tokens_in_files(tmp_path):
