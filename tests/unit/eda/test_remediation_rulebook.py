@@ -152,10 +152,12 @@ def remediate(tmp_path: Path, *extra: str, **group_vars) -> subprocess.Completed
     )  # fmt: skip
 
 
-def test_an_action_turned_off_changes_nothing_and_says_so(tmp_path):
-    proc = remediate(tmp_path, "-e", "fleet_remediation_action=restart", fleet_remediation_restart_enabled=False)
+@pytest.mark.parametrize("action", ["restart", "prune"])
+def test_an_action_turned_off_changes_nothing_and_says_so(tmp_path, action):
+    turned_off = {f"fleet_remediation_{action}_enabled": False}
+    proc = remediate(tmp_path, "-e", f"fleet_remediation_action={action}", **turned_off)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "REMEDIATION TURNED OFF on gpufleet-02" in proc.stdout
+    assert f"fleet_remediation_{action}_enabled is false; nothing changed." in " ".join(proc.stdout.split())
     assert [r["result"] for r in reports(tmp_path, "gpufleet-02")] == ["turned-off"]
 
 
