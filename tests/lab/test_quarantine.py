@@ -20,7 +20,10 @@ In order:
    while a rollout holds the fleet lock the same action is refused and says so, puts nothing back, and the rollout
    ends OK with every server in the gateway;
 7. ``kill -STOP`` of a third host's engine under load: liveness restarts it and it is back in the gateway with no
-   person; only the requests it held fail.
+   person; only the requests it held fail;
+8. a crash loop (every start fails for want of GPU memory, another user's program holding it): the unit stops at its
+   start limit, out of routing, liveness leaves it alone, its last-known-good kept; the holder gone, the restart
+   action brings it back.
 """
 
 from __future__ import annotations
@@ -271,3 +274,60 @@ def test_a_frozen_engine_serves_again_with_no_person_and_only_its_own_requests_f
                 "failed_requests": len(load.failures), "ok_requests": sum(load.ok.values())}  # fmt: skip
     (WORK / "frozen-engine.json").write_text(json.dumps(measured, indent=1))
     print("frozen engine:", json.dumps(measured))
+
+
+def test_a_server_whose_every_start_fails_stops_at_its_start_limit_out_of_the_gateway_its_release_kept(fleet):
+    """A crash loop: another user's program takes the GPUs' memory (gpusim-hold, lab equipment) right after the engine
+    dies (kill -9), so every start fails as SGLang's does without room (torch.OutOfMemoryError). systemd starts it again
+    every sglang_server_restart_sec until the unit's start limit (sglang_server_start_limit_burst starts within
+    sglang_server_start_limit_interval_s), then the unit stays failed: no flapping. Liveness leaves a unit that is not
+    active alone (its restarts do not move). The gateway's health checks take the worker out of routing and the
+    clients' requests go to the others: only those in flight at the kill may fail. The last-known-good release stays
+    on the host. GpufleetEngineDown fires and stays firing meanwhile (tests/lab/test_monitoring.py fires it for the same
+    fault). The holder gone, one command (the restart action) brings the server back into the gateway."""
+    gw, host = fleet[GATEWAY]["address"], SERVERS[2]
+    lkg = "/var/lib/gpufleet/sglang-server/last-good/manifest.json"  # sglang_server_state_dir's default
+    manifest = json.loads(on(fleet[host], f"cat {lkg}"))
+    restarts_before = liveness(fleet[host]).get("restarts_total", 0)
+    result = "systemctl show -p ActiveState,Result,NRestarts --value sglang-server.service"
+    with Load(gw, workers=4, limit_s=600) as load:
+        wait_until("requests on every server", lambda: sum(load.ok.values()) >= 8, 60)
+        killed = time.monotonic()
+        # the holder starts once the dead engine's memory is free (its processes die with it), within systemd's
+        # restart delay (sglang_server_restart_sec: 5 s on the lab)
+        on(fleet[host], "kill -9 $(systemctl show -p MainPID --value sglang-server.service); "
+                        "for i in $(seq 40); do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits "
+                        "| awk '$1 > 1000 {busy = 1} END {exit busy}' && break; sleep 0.1; done; "
+                        "systemd-run --quiet --unit gpu-intruder --uid nobody "
+                        "/usr/local/bin/gpusim-hold --gpus 0,1,2,3,4,5,6,7 --mib 90000")  # fmt: skip
+        try:
+            # the start limit: at most burst x (restart_sec 5 s + a start to its OOM) on the lab's settings
+            journal = f"{result}; journalctl -u sglang-server --no-pager | tail -20"
+            wait_until("the unit failed at its start limit",
+                       lambda: on(fleet[host], result).split()[:2] == ["failed", "start-limit-hit"], 180,
+                       lambda: on(fleet[host], journal))  # fmt: skip
+            stopped_at = time.monotonic()
+            first = on(fleet[host], result).split()
+            assert "torch.OutOfMemoryError: CUDA out of memory" in on(
+                fleet[host], "journalctl -u sglang-server --no-pager -n 400 -o cat"
+            )
+            # out of routing, the others serve; it stays failed (no more starts) while liveness does nothing
+            wait_until("the gateway routes around it",
+                       lambda: healthy_urls(gw) == sorted(url(fleet, h) for h in SERVERS if h != host), 60)  # fmt: skip
+            served = sum(load.ok.values())
+            wait_until("requests to the others", lambda: sum(load.ok.values()) >= served + 8, 120)
+            assert on(fleet[host], result).split() == first  # no start since the limit
+            assert liveness(fleet[host]).get("restarts_total", 0) == restarts_before
+            assert json.loads(on(fleet[host], f"cat {lkg}")) == manifest  # the last-known-good, untouched
+            assert on(fleet[host], f"test -d {manifest['release']} && echo kept").strip() == "kept"
+        finally:
+            on(fleet[host], "systemctl stop gpu-intruder.service", check=False)
+        # the person: the holder gone, one command
+        proc = remediate("restart", host, fleet_remediation_alert="GpufleetEngineDown")
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        assert healthy_urls(gw) == sorted(url(fleet, h) for h in SERVERS)
+    assert len(load.failures) <= load.workers and all(t <= killed + 30 for t in load.failed_at), load.failures
+    measured = {"start_limit_after_s": round(stopped_at - killed, 1), "failed_requests": len(load.failures),
+                "ok_requests": sum(load.ok.values())}  # fmt: skip
+    (WORK / "crash-loop.json").write_text(json.dumps(measured, indent=1))
+    print("crash loop:", json.dumps(measured))
