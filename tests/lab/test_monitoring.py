@@ -481,22 +481,25 @@ def wait_for_router(fleet, healthy: int, bound_s: float = 60) -> None:
 
 
 class Clients(threading.Thread):
-    """Clients of the gateway: a short chat completion every 2 s (0.5 requests/s, over the error-rate alert's floor
-    of 0.05), each answer's HTTP status kept with its time (0: no answer)."""
+    """Clients: ``threads`` of them, each a short chat completion (streamed with ``stream``), then ``pause_s``, again
+    until done; every answer's HTTP status kept with its time (0: no answer). The fault rounds' clients of the gateway
+    (one, every 2 s: 0.5 requests/s, over the error-rate alert's floor of 0.05); round 3's of one engine itself (three,
+    streamed, back to back)."""
 
-    def __init__(self, fleet):
+    def __init__(self, url: str, threads: int = 1, pause_s: float = 2, stream: bool = False, max_tokens: int = 8):
         super().__init__(daemon=True)
-        self.url = f"http://{fleet['hosts'][GATEWAY]['address']}:30000/v1/chat/completions"
+        self.url, self.threads, self.pause_s = url, threads, pause_s
+        self.body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content": "Say hello."}],
+                                "max_tokens": max_tokens, "stream": stream,
+                                "chat_template_kwargs": {"enable_thinking": False}}).encode()  # fmt: skip
         self.answers: list[tuple[float, int]] = []
         self.done = threading.Event()
 
-    def run(self):
-        body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content": "Say hello."}],
-                           "max_tokens": 8, "chat_template_kwargs": {"enable_thinking": False}}).encode()  # fmt: skip
+    def one(self) -> None:
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
         while not self.done.is_set():
             try:
-                with urllib.request.urlopen(urllib.request.Request(self.url, body, headers), timeout=30) as resp:
+                with urllib.request.urlopen(urllib.request.Request(self.url, self.body, headers), timeout=60) as resp:
                     resp.read()
                     status = resp.status
             except urllib.error.HTTPError as err:
@@ -504,7 +507,34 @@ class Clients(threading.Thread):
             except OSError:
                 status = 0
             self.answers.append((time.monotonic(), status))
-            self.done.wait(2)
+            self.done.wait(self.pause_s or (1 if status == 0 else 0))
+
+    def run(self):
+        threads = [threading.Thread(target=self.one, daemon=True) for _ in range(self.threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
+class Faults:
+    """The faults a test plants ({(alertname, instance): what}), when each was planted and when repaired (monotonic),
+    and the measured times of each alert: fired after its fault, resolved after its repair."""
+
+    def __init__(self):
+        self.faults, self.planted, self.repaired_at = {}, {}, {}
+
+    def plant(self, keys: dict) -> None:
+        self.faults.update(keys)
+        self.planted.update(dict.fromkeys(keys, time.monotonic()))
+
+    def repaired(self, *keys) -> None:
+        self.repaired_at.update(dict.fromkeys(keys, time.monotonic()))
+
+    def measured(self, fired: dict, resolved: dict) -> dict:
+        return {f"{a} {i}".strip(): {"fault": what, "fired_after_s": fired[(a, i)],
+                                     "resolved_after_repair_s": resolved.get((a, i))}
+                for (a, i), what in self.faults.items()}  # fmt: skip
 
 
 def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
@@ -512,14 +542,8 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
     # a quiet fleet first, but for the heartbeat of the monitor (on the gateway host), which always fires
     now = firing(fleet)
     assert {a for a in now if a[0].startswith("Gpufleet")} == {("GpufleetWatchdog", GATEWAY)}, now
-    faults, fired, resolved, planted, repaired_at = {}, {}, {}, {}, {}
-
-    def plant(keys: dict) -> None:
-        faults.update(keys)
-        planted.update(dict.fromkeys(keys, time.monotonic()))
-
-    def repaired(*keys) -> None:
-        repaired_at.update(dict.fromkeys(keys, time.monotonic()))
+    log, fired, resolved = Faults(), {}, {}
+    faults, planted, repaired_at, plant, repaired = log.faults, log.planted, log.repaired_at, log.plant, log.repaired
 
     # round 1: the faults
     restarting, probe, ecc = (("GpufleetEngineRestarting", "mon-01"), ("GpufleetGenerationProbeFailing", "mon-01"),
@@ -635,7 +659,7 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
     on(gw, "systemctl stop gpufleet-rulebook.service")
     for worker in router_workers(fleet):
         remove_worker(fleet, worker)
-    clients = Clients(fleet)
+    clients = Clients(f"http://{gw['address']}:30000/v1/chat/completions")
     clients.start()
     try:
         removed = "every worker removed from smg"
@@ -692,9 +716,7 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
     )
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    measured = {f"{a} {i}".strip(): {"fault": faults[(a, i)], "fired_after_s": fired[(a, i)],
-                                     "resolved_after_repair_s": resolved.get((a, i))}
-                for a, i in faults}  # fmt: skip
+    measured = log.measured(fired, resolved)
     measured["clients"] = {"statuses_before_repair": sorted(set(during)), "requests": len(clients.answers)}
     (ARTIFACTS / "monitoring-faults.json").write_text(json.dumps(measured, indent=1))
     print("alerts:", json.dumps(measured))
@@ -772,39 +794,6 @@ def test_a_deploy_whose_engine_resolves_against_the_policy_is_rolled_back(fleet)
     assert health(h1["address"]) == 200
 
 
-class SlowClients(threading.Thread):
-    """Three clients of one engine itself (not the gateway): short streamed chat completions, one after the
-    other each, every answer's HTTP status kept (0: no answer)."""
-
-    def __init__(self, host: dict):
-        super().__init__(daemon=True)
-        self.url = f"http://{host['address']}:8000/v1/chat/completions"
-        self.answers: list[int] = []
-        self.done = threading.Event()
-
-    def one(self) -> None:
-        body = json.dumps({"model": "glm-5", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2,
-                           "stream": True, "chat_template_kwargs": {"enable_thinking": False}}).encode()  # fmt: skip
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
-        while not self.done.is_set():
-            try:
-                with urllib.request.urlopen(urllib.request.Request(self.url, body, headers), timeout=60) as resp:
-                    resp.read()
-                    self.answers.append(resp.status)
-            except urllib.error.HTTPError as err:
-                self.answers.append(err.code)
-            except OSError:
-                self.answers.append(0)
-                self.done.wait(1)
-
-    def run(self):
-        threads = [threading.Thread(target=self.one, daemon=True) for _ in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
-
 def stream_until_hung(host: dict, started: threading.Event) -> None:
     """A long streamed generation on the host's engine; ``started`` is set once 60 tokens came (past the scheduler's
     decode log at 40 steps, which sets num_running_reqs). It ends when the engine does."""
@@ -847,17 +836,12 @@ def test_the_slow_faults_fire_their_alerts_and_a_full_disk_heals_itself(fleet):
                        ("GpufleetDiskAlmostFull", "mon-01"))  # fmt: skip
     liveness, stuck = ("GpufleetLivenessNotRunning", "mon-01"), ("GpufleetEngineNotGenerating", "mon-01")
     drift, missing = ("GpufleetRouterRecordDrift", GATEWAY), ("GpufleetRouterWorkerMissing", GATEWAY)
-    faults, planted, repaired_at = {}, {}, {}
-
-    def plant(keys: dict) -> None:
-        faults.update(keys)
-        planted.update(dict.fromkeys(keys, time.monotonic()))
-
-    def repaired(*keys) -> None:
-        repaired_at.update(dict.fromkeys(keys, time.monotonic()))
+    log = Faults()
+    planted, repaired_at, plant, repaired = log.planted, log.repaired_at, log.plant, log.repaired
 
     image, device = fleet["work"] / "mon-01-models.img", ""
-    clients, stream_started = SlowClients(h2), threading.Event()
+    engine = f"http://{h2['address']}:8000/v1/chat/completions"
+    clients, stream_started = Clients(engine, threads=3, pause_s=0, stream=True, max_tokens=2), threading.Event()
     try:
         # mon-01's model folder on a small file system: the model copied in, then an old revision that fills it
         subprocess.run(["truncate", "-s", "64M", str(image)], check=True)
@@ -924,10 +908,8 @@ def test_the_slow_faults_fire_their_alerts_and_a_full_disk_heals_itself(fleet):
         if device:
             subprocess.run(["losetup", "-d", device], check=False)
         image.unlink(missing_ok=True)
-    assert clients.answers and all(s == 200 for s in clients.answers), clients.answers  # slow, never failed
-    measured = {f"{a} {i}".strip(): {"fault": faults[(a, i)], "fired_after_s": fired[(a, i)],
-                                     "resolved_after_repair_s": resolved.get((a, i))}
-                for a, i in faults}  # fmt: skip
+    assert clients.answers and all(s == 200 for _, s in clients.answers), clients.answers  # slow, never failed
+    measured = log.measured(fired, resolved)
     # the full disk had no repair by hand: its resolution counts from the alert (the service's prune in between)
     measured[" ".join(disk)]["resolved_after_firing_s"] = measured[" ".join(disk)].pop("resolved_after_repair_s")
     measured["prune"] = {"removed": report["prune"]["removed"], "free_ratio_after": report["prune"]["free_ratio_after"]}
