@@ -708,6 +708,11 @@ def test_each_fault_fires_its_alert_and_the_repair_resolves_it(fleet):
     finally:
         on(gw, "systemctl start prometheus-alertmanager.service")
     repaired(am_down)
+    # the dead man's switch heard nothing meanwhile (its heartbeats stop with Alertmanager), and hears it again at once
+    # (a new group: group_wait 0s, once Prometheus sends the Watchdog again within its 15 s resend delay)
+    switch = fleet["switch"]
+    assert not [b for b in switch.beats if planted[am_down] + 1 < b < repaired_at[am_down]], switch.beats[-5:]
+    wait_until("the heartbeat after Alertmanager's start", lambda: switch.last() > repaired_at[am_down], 60)
     resolved[am_down] = wait_until(
         "GpufleetAlertmanagerDown resolved in Prometheus",
         lambda: am_down not in prometheus_alerts(fleet) and since(repaired_at[am_down]),
