@@ -286,11 +286,16 @@ def test_every_target_is_up(fleet):
         jobs.setdefault(job, []).append((instance, state))
     assert sorted(jobs) == ["alertmanager", "generation_probe", "node", "prometheus", "sglang", "smg"], seen
     assert sorted(i for i, _ in jobs["sglang"]) == list(SERVERS), seen
-    assert sorted(i for i, _ in jobs["generation_probe"]) == list(SERVERS), seen
+    # one target per server and question (the questions take turns: fleet_monitor_probe_questions, three)
+    assert sorted(i for i, _ in jobs["generation_probe"]) == sorted(list(SERVERS) * 3), seen
     assert sorted(i for i, _ in jobs["node"]) == sorted([*SERVERS, GATEWAY]), seen
     assert all(h == "up" for *_, h in seen), seen
     # the probe answered with the known answer, the GPUs are read, the engines report their 0.5.9 metrics
-    assert {r["metric"]["instance"] for r in query(fleet, 'probe_success{job="generation_probe"} == 1')} == set(SERVERS)
+    answered = query(fleet, 'probe_success{job="generation_probe"} == 1')
+    assert sorted((r["metric"]["instance"], r["metric"]["question"]) for r in answered) == sorted(
+        (h, q) for h in SERVERS for q in ("What is the capital of France? Answer in one word.",
+                                          "What is the capital of Japan? Reply with the city name only.",
+                                          "What is 37 + 48? Reply with the number only."))  # fmt: skip
     gpus = query(fleet, 'gpufleet_gpu_memory_engine_bytes{job="node"} > 0')
     assert {r["metric"]["instance"] for r in gpus} == set(SERVERS), gpus
     assert query(fleet, 'sglang:num_running_reqs{job="sglang"}')

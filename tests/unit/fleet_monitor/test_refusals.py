@@ -1,6 +1,6 @@
 """Bad monitor input is refused before any change, naming the variable and the fix: thresholds for a GPU class no
 server has, a threshold that is not a number of seconds, Prometheus and Alertmanager on every interface without the
-setting that says so (playbooks/monitoring.yml's first play, which deploy.yml runs in its validation stage)."""
+setting that says so, the former single probe question, a probe without a question (playbooks/monitoring.yml's first play, which deploy.yml runs in its validation stage)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,11 @@ def run(tmp_path: Path, extra: dict, playbook: str = "playbooks/monitoring.yml")
         ({"fleet_monitor_listen_host": "0.0.0.0"},
          "fleet_monitor_listen_host=0.0.0.0 would expose Prometheus (9090) and Alertmanager (9093) on every interface "
          "of mon-01"),
+        ({"fleet_monitor_probe_prompt": "Who wrote Hamlet?"},
+         "fleet_monitor_probe_prompt / fleet_monitor_probe_expect are no longer inputs: the probe takes turns over "
+         "fleet_monitor_probe_questions. Fix: fleet_monitor_probe_questions as a list of {prompt, expect}"),
+        ({"fleet_monitor_probe_questions": []},
+         "fleet_monitor_probe_questions is empty: the generation probe needs at least one question."),
     ],
 )  # fmt: skip
 def test_bad_monitor_input_is_refused_before_any_change(tmp_path, extra, message):

@@ -66,7 +66,14 @@ def test_rendered_files_are_what_prometheus_reads(tmp_path):
         {"source_labels": ["__name__"], "regex": "sglang_(.+)", "target_label": "__name__", "replacement": "sglang:$1"}
     ]
     probe = jobs["generation_probe"]
-    assert probe["static_configs"][2]["targets"] == ["http://10.0.0.21:8000/v1/chat/completions"]
+    # one target per server and question, the questions in turn: each every 3 x 15 s
+    assert len(probe["static_configs"]) == 9 and probe["scrape_interval"] == "45s"
+    assert probe["static_configs"][8]["targets"] == ["http://10.0.0.21:8000/v1/chat/completions"]
+    assert [(c["labels"]["question"], c["labels"]["__param_module"]) for c in probe["static_configs"][:3]] == [
+        ("What is the capital of France? Answer in one word.", "gpufleet_generation_0"),
+        ("What is the capital of Japan? Reply with the city name only.", "gpufleet_generation_1"),
+        ("What is 37 + 48? Reply with the number only.", "gpufleet_generation_2"),
+    ]
     assert probe["relabel_configs"][-1]["replacement"] == "127.0.0.1:9115"
     assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["10.0.0.5:9093"]
 
@@ -84,12 +91,15 @@ def test_rendered_files_are_what_prometheus_reads(tmp_path):
     assert [labels["worker"] for labels, _ in recorded["gpufleet:router_worker_info"]] == [
         "http://10.0.0.11:8000", "http://10.0.0.12:8000"]  # fmt: skip
 
-    blackbox = yaml.safe_load((out / "blackbox.yml").read_text())["modules"]["gpufleet_generation"]["http"]
+    modules = yaml.safe_load((out / "blackbox.yml").read_text())["modules"]
+    assert sorted(modules) == ["gpufleet_generation_0", "gpufleet_generation_1", "gpufleet_generation_2"]
+    blackbox = modules["gpufleet_generation_0"]["http"]
     assert blackbox["authorization"] == {"type": "Bearer", "credentials_file": "/etc/prometheus/gpufleet-probe.key"}
     body = json.loads(blackbox["body"])
     assert body["messages"][0]["content"].startswith("What is the capital of France?")
     assert body["chat_template_kwargs"] == {"enable_thinking": False}  # a reasoning model answers at once
     assert blackbox["fail_if_body_not_matches_regexp"] == ["(?i)\\bparis\\b"]
+    assert modules["gpufleet_generation_2"]["http"]["fail_if_body_not_matches_regexp"] == ["\\b85\\b"]
     assert "k-123" not in "".join((out / f).read_text() for f in FILES)  # the key only in its own file
     am = yaml.safe_load((out / "alertmanager.yml").read_text())
     receivers = {r["name"]: r for r in am["receivers"]}
