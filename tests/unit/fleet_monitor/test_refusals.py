@@ -1,6 +1,7 @@
 """Bad monitor input is refused before any change, naming the variable and the fix: thresholds for a GPU class no
 server has, a threshold that is not a number of seconds, Prometheus and Alertmanager on every interface without the
-setting that says so, the former single probe question, a probe without a question (playbooks/monitoring.yml's first play, which deploy.yml runs in its validation stage)."""
+setting that says so, the former single probe question, a probe without a question (playbooks/monitoring.yml's first
+play, which deploy.yml runs in its validation stage)."""
 
 from __future__ import annotations
 
