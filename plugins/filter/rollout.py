@@ -218,7 +218,8 @@ def rollout_gateway_view(results) -> dict:
     ``results``, one per gateway, ``item`` the gateway host). A worker counts as in the router only when every
     gateway lists it healthy (a client may reach any of them); ``in_router_urls`` likewise (added back everywhere);
     ``left_out`` and ``drain`` are the union (the drain runs on the last gateway, once the worker left every one);
-    ``invocations`` maps each gateway to its router unit's systemd InvocationID."""
+    ``invocations`` maps each gateway to its router unit's systemd InvocationID; ``failed`` each gateway that could
+    not be read (its message), ``failed_text`` the same as one line (``gw: message; ...``) for a refusal or a report."""
     results = [r for r in (results or []) if isinstance(r, dict) and not r.get("skipped")]
 
     def common(sets: list) -> list:
@@ -245,6 +246,7 @@ def rollout_gateway_view(results) -> dict:
         "left_out": left_out,
         "drain": drain,
         "failed": failed,
+        "failed_text": "; ".join(f"{gateway}: {msg}" for gateway, msg in failed.items()),
         "unavailable_s": max((float(r.get("router_unavailable_s") or 0) for r in results), default=0.0),
     }
 

@@ -322,5 +322,9 @@ def test_a_gateway_down_or_unreachable_is_named_and_its_workers_count_as_out():
         "gw-2": "router API at http://127.0.0.1:30000 not usable: refused",
         "gw-3": "Failed to connect to the host via ssh",
     }
+    assert view["failed_text"] == (
+        "gw-2: router API at http://127.0.0.1:30000 not usable: refused; gw-3: Failed to connect to the host via ssh"
+    )
     assert view["healthy"] == [] and view["by_gateway"]["gw-1"] == ["http://a:8000"]
-    assert rollout.rollout_gateway_view([up])["failed"] == {}
+    quiet = rollout.rollout_gateway_view([up])
+    assert quiet["failed"] == {} and quiet["failed_text"] == ""
