@@ -1,8 +1,11 @@
 """The quality gate of a rollout's canary (module sglang_quality_eval; docs/quality-gate.md): an evaluation set of
-items with exact answers (roles/rollout/files/quality_eval/), asked at temperature 0 through the server's OpenAI
-API, each answer normalised and matched (``exact`` or ``numeric``), the score (the share of exact answers), the
-journal of the running start searched for SGLang's NaN line, and the verdict against a stored baseline of the same
-GPU class, model and lane. Standard library only; unit-tested with fakes and against the lab's simulated engine.
+items with exact answers in groups (roles/rollout/files/quality_eval/), asked at temperature 0 through the server's
+OpenAI API, each answer matched (``exact``, with the item's ``script`` checked; ``numeric``; ``json``, a tool call
+validated against its schema); the journal of the running start searched for SGLang's NaN line; and the verdict
+against a stored baseline of the same GPU class, model and lane by a sequential test on regressions
+(module_utils/quality_sprt.py): items the baseline answered right, drawn at random per group, asked until the test
+decides. A baseline run asks every item. Standard library only; unit-tested with fakes and against the lab's
+simulated engine.
 """
 
 from __future__ import annotations
@@ -10,11 +13,20 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
 import re
 import shlex
 import time
-from concurrent.futures import ThreadPoolExecutor
+import unicodedata
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.quality_sprt import (
+    GateRun,
+    GateSettings,
+    available_by_group,
+    draw_order,
+    too_few,
+)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_command import run
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_http import http, server_api
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_journal import journal_lines
@@ -23,7 +35,16 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_syste
 
 EVAL_SCHEMA = "gpufleet.quality_eval/v1"
 BASELINE_SCHEMA = "gpufleet.quality_baseline/v1"
-MATCHERS = ("exact", "numeric")
+MATCHERS = ("exact", "numeric", "json")
+# The script an ``exact`` item's answer must be written in: the Unicode character-name prefixes of its letters
+# (Japanese and Chinese answers are Han; kana counts with them)
+SCRIPTS = {
+    "latin": ("LATIN",),
+    "cyrillic": ("CYRILLIC",),
+    "greek": ("GREEK",),
+    "han": ("CJK", "HIRAGANA", "KATAKANA"),
+}
+JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}
 # SGLang's lines for NaN logits, per engine version (a pattern per line; docs/quality-gate.md, "NaN detection"):
 # - 0.5.9 and 0.5.10.post1 layers/sampler.py:67 (0.5.10.post1: 68), with --enable-nan-detection only, a WARNING per
 #   decode step: "Detected errors during sampling! NaN in the logits." (the NaN logits become -1e5, serving goes on);
@@ -66,7 +87,14 @@ EVAL_OPTIONS = {
     "unit": {"type": "str", "default": ""},
     "nan_patterns": {"type": "list", "elements": "str", "default": list(NAN_PATTERNS)},
     "baseline": {"type": "dict", "default": {}},
+    # the sequential test (module_utils/quality_sprt.py GateSettings)
+    "noise": {"type": "float", "default": 0.01},
     "allowed_drop": {"type": "float", "default": 0.05},
+    "group_drop": {"type": "float", "default": 0.25},
+    "false_rollback": {"type": "float", "default": 0.02},
+    "miss": {"type": "float", "default": 0.04},
+    "max_items": {"type": "int", "default": 240},
+    "seed": {"type": "str", "default": ""},
     "worst": {"type": "int", "default": 5},
     "key": {"type": "dict", "default": {}, "no_log": False},
     "host": {"type": "str", "default": ""},
@@ -113,11 +141,24 @@ def check_eval_set(data) -> list[str]:
         expected = item.get("expected")
         if expected is None or str(expected).strip() == "":
             problems.append(f"{where} has no expected answer")
+        elif matcher == "json":
+            if (
+                not isinstance(expected, dict)
+                or not str(expected.get("name") or "")
+                or not isinstance(expected.get("arguments"), dict)
+            ):
+                problems.append(f"{where}: a json item's expected answer is {{name, arguments}} (got {expected!r})")
+            if not isinstance(item.get("schema", {}), dict):
+                problems.append(f"{where}: schema must be a JSON Schema object")
         elif matcher == "numeric":
             try:
                 float(expected)
             except (TypeError, ValueError):
                 problems.append(f"{where}: numeric expected answer {expected!r} is not a number")
+        if item.get("script") is not None and item.get("script") not in SCRIPTS:
+            problems.append(f"{where}: unknown script {item.get('script')!r} (known: {', '.join(SCRIPTS)})")
+        if not isinstance(item.get("group", ""), str):
+            problems.append(f"{where}: group must be a string")
         tol = item.get("tolerance", 0)
         if not isinstance(tol, (int, float)) or isinstance(tol, bool) or tol < 0:
             problems.append(f"{where}: tolerance must be a number >= 0 (got {tol!r})")
@@ -157,19 +198,115 @@ def extract_number(text):
         return None
 
 
-def matches(item: dict, answer) -> bool:
-    """Whether ``answer`` is the item's expected answer by its matcher: ``exact`` (normalised text equal to the
-    expected answer or one of its ``aliases``) or ``numeric`` (the answer's last number within ``tolerance`` of the
-    expected number; 0 = equal up to float rounding)."""
-    if item.get("match", "exact") == "numeric":
+def script_problem(answer, script: str) -> str:
+    """Why an answer is not text of ``script`` (SCRIPTS): a replacement character (U+FFFD, bytes that were not
+    UTF-8), or letters of another script (a script mix-up); "" when it is."""
+    text = str(answer or "")
+    if "\ufffd" in text:
+        return "a replacement character (U+FFFD) in the answer"
+    prefixes = SCRIPTS.get(script)
+    if not prefixes:
+        return ""
+    foreign = sorted(
+        {unicodedata.name(c, "?").split(" ")[0].title() for c in text if c.isalpha()} - {p.title() for p in prefixes}
+    )
+    if foreign:
+        return f"a script mix-up: {', '.join(foreign)} letters in an answer expected in {script.title()}"
+    return ""
+
+
+def _json_object(answer):
+    """The JSON object in an answer (a markdown code fence allowed), or raise ValueError."""
+    text = str(answer or "").strip()
+    if text.startswith("```"):
+        text = text.strip("`")
+        text = text[4:] if text.lower().startswith("json") else text
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        raise ValueError("no JSON object in the answer")
+    return json.loads(text[start : end + 1])
+
+
+def schema_problems(value, schema: dict, where: str = "arguments") -> list[str]:
+    """Where ``value`` breaks ``schema`` (the subset the evaluation set uses: type, properties, required,
+    additionalProperties false, enum)."""
+    out = []
+    want = schema.get("type")
+    types = JSON_TYPES.get(want)
+    if types is not None:
+        wrong = not isinstance(value, types) or (want in ("integer", "number") and isinstance(value, bool))
+        if want == "integer" and isinstance(value, float) and value.is_integer():
+            wrong = False
+        if wrong:
+            return [f"{where}: {value!r} is not of type {want}"]
+    if "enum" in schema and value not in schema["enum"]:
+        out.append(f"{where}: {value!r} is not one of {schema['enum']}")
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        out += [f"{where}.{k}: missing" for k in schema.get("required", []) if k not in value]
+        if schema.get("additionalProperties") is False:
+            out += [f"{where}.{k}: not a parameter of the tool" for k in value if k not in props]
+        for k, sub in props.items():
+            if k in value:
+                out += schema_problems(value[k], sub, f"{where}.{k}")
+    return out
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+    if isinstance(a, str) and isinstance(b, str):
+        return unicodedata.normalize("NFC", a) == unicodedata.normalize("NFC", b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def check_answer(item: dict, answer) -> tuple[bool, str]:
+    """``(ok, why)``: whether ``answer`` is the item's expected answer by its matcher, and why not (or ""):
+
+    * ``exact``: normalised text equal to the expected answer or one of its ``aliases``; with a ``script``, an
+      answer with a replacement character or letters of another script says so;
+    * ``numeric``: the answer's last number within ``tolerance`` of the expected number (0 = equal up to float
+      rounding);
+    * ``json``: a tool call, one JSON object ``{name, arguments}`` (a code fence allowed) whose arguments validate
+      against the item's ``schema`` and equal the expected ones."""
+    matcher = item.get("match", "exact")
+    if matcher == "numeric":
         got = extract_number(answer)
         if got is None:
-            return False
+            return False, "no number in the answer"
         want = float(item["expected"])
         tol = float(item.get("tolerance", 0) or 0)
-        return math.isclose(got, want, rel_tol=1e-9, abs_tol=max(tol, 1e-9))
+        ok = math.isclose(got, want, rel_tol=1e-9, abs_tol=max(tol, 1e-9))
+        return ok, "" if ok else f"{got:g} is not {want:g}"
+    if matcher == "json":
+        try:
+            call = _json_object(answer)
+        except ValueError as e:
+            return False, f"not a JSON object ({str(e)[:80]})"
+        if not isinstance(call, dict):
+            return False, "the call is not a JSON object"
+        expected = item["expected"]
+        if call.get("name") != expected.get("name"):
+            return False, f"called {call.get('name')!r}, not {expected.get('name')!r}"
+        problems = schema_problems(call.get("arguments"), item.get("schema") or {"type": "object"})
+        if problems:
+            return False, "the arguments break the tool's schema: " + "; ".join(problems[:3])
+        if not _same(call.get("arguments"), expected.get("arguments")):
+            return False, "the arguments differ from the requested ones"
+        return True, ""
     wanted = {normalise(item["expected"])} | {normalise(a) for a in item.get("aliases", [])}
-    return normalise(answer) in wanted
+    if normalise(answer) in wanted:
+        return True, ""
+    return False, script_problem(answer, item["script"]) if item.get("script") else ""
+
+
+def matches(item: dict, answer) -> bool:
+    """Whether ``answer`` is the item's expected answer by its matcher (``check_answer``)."""
+    return check_answer(item, answer)[0]
 
 
 # ---------------------------------------------------------------- score, worst items, verdict
@@ -184,29 +321,69 @@ def score(results: list[dict]) -> dict:
 
 def worst_items(results: list[dict], baseline: dict | None = None, limit: int = 5) -> list[dict]:
     """The failed items a person should look at first: those the baseline answered right (a regression), then the
-    others, each as ``{id, prompt, expected, got}`` (``got`` cut at 120 characters)."""
+    others, each as ``{id, group, prompt, expected, got, why}`` (``got`` cut at 120 characters)."""
     passed_before = {r.get("id") for r in (baseline or {}).get("items", []) if r.get("ok")}
     failed = [r for r in results if not r.get("ok")]
     failed.sort(key=lambda r: (r.get("id") not in passed_before, str(r.get("id"))))
     return [
         {
             "id": r.get("id"),
+            "group": r.get("group", ""),
             "prompt": r.get("prompt"),
             "expected": r.get("expected"),
             "got": str(r.get("got") or r.get("error") or "")[:120],
+            "why": r.get("why", ""),
         }
         for r in failed[: max(0, int(limit))]
     ]
 
 
 def describe_worst(worst: list[dict]) -> str:
-    return "; ".join(f"[{w['id']}] {w['prompt']!r}: expected {w['expected']!r}, got {w['got']!r}" for w in worst)
+    return "; ".join(
+        f"[{w['id']}] {w['prompt'][:100]!r}: expected {w['expected']!r}, got {w['got']!r}"
+        + (f" ({w['why']})" if w.get("why") else "")
+        for w in worst
+    )
 
 
-def judge(measured: dict, baseline: dict, allowed_drop: float, worst_limit: int = 5) -> dict:
-    """The verdict of a run against its baseline: ``ok`` when the score is at least ``baseline score -
-    allowed_drop``, NaN lines in the journal fail it whatever the score; ``reason`` names the score, the baseline,
-    the floor and the worst items. ``baseline`` empty: ``ok`` None (measured only: a baseline run)."""
+def settings_of(p: dict) -> GateSettings:
+    """The sequential test's settings from the module's options."""
+    return GateSettings(
+        noise=float(p["noise"]),
+        drop=float(p["allowed_drop"]),
+        group_drop=float(p["group_drop"]),
+        alpha=float(p["false_rollback"]),
+        beta=float(p["miss"]),
+        max_items=int(p["max_items"]),
+    )
+
+
+def error_rates(settings: GateSettings, groups: dict[str, int]) -> dict:
+    """The error rates of the gate with these settings, computed exactly for each test (quality_sprt.Sprt.operating):
+    a healthy canary (regression rate ``noise``) rolled back at most the sum over the tests (``false_rollback``), a
+    uniform drop of ``drop`` caught by the overall test alone with probability ``detection``, a drop of
+    ``group_drop`` confined to one group caught by that group's test with probability ``group_detection`` (the
+    least over the groups)."""
+    overall = settings.overall()
+    tests = [settings.group(len(groups), n) for n in groups.values()]
+    healthy = overall.operating(settings.noise)
+    return {
+        "false_rollback": round(healthy["fail"] + sum(t.operating(settings.noise)["fail"] for t in tests), 4),
+        "detection": round(overall.operating(overall.p1)["fail"], 4),
+        "group_detection": round(min((t.operating(t.p1)["fail"] for t in tests), default=0.0), 4),
+        "expected_items_healthy": round(healthy["expected_items"], 1),
+    }
+
+
+def _counts(summary: dict) -> str:
+    return ", ".join(f"{g} {v['regressions']}/{v['items']}" for g, v in summary.items() if g != "all")
+
+
+def judge(measured: dict, baseline: dict, gate: GateRun | None = None, worst_limit: int = 5) -> dict:
+    """The verdict of a run against its baseline: ``ok`` when the sequential test passed (``gate``, fed the answers
+    in draw order) and the journal has no NaN line; ``reason`` names the test that decided, the regressions per
+    group, the worst items and the error rates the settings give. ``baseline`` empty: ``ok`` None (measured only:
+    a baseline run)."""
     results = measured.get("items", [])
     got = score(results)
     worst = worst_items(results, baseline, worst_limit)
@@ -217,24 +394,56 @@ def judge(measured: dict, baseline: dict, allowed_drop: float, worst_limit: int 
         "worst": worst,
         "nan_detection": measured.get("nan_detection"),
         "nan_lines": measured.get("nan_lines", []),
+        "decision": {},
+        "failed_group": None,
+        "rates": {},
     }
     nan = measured.get("nan_lines") or []
-    if not baseline:
-        verdict.update(ok=None, baseline_score=None, floor=None, reason=f"score {got['score']:.3f} measured")
+    if not baseline or gate is None:
+        verdict.update(ok=None, baseline_score=None, reason=f"score {got['score']:.3f} measured ({got['total']} items)")
         return verdict
+    decided = gate.verdict or gate.finish()
+    summary = gate.summary()
+    settings = gate.settings
+    rates = error_rates(settings, {g: t.max_n for g, t in gate.tests.items() if g != "all"})
     base = float(baseline.get("score", 0))
-    floor = round(base - float(allowed_drop), 4)
-    ok = got["score"] >= floor - 1e-9 and not nan
+    whole = summary["all"]
+    if decided == "fail":
+        by = gate.failed_by
+        test = summary[by]
+        what = (
+            f"a {settings.drop * 100:g}-point drop over all groups"
+            if by == "all"
+            else f"a {settings.group_drop * 100:g}-point drop in group {by}"
+        )
+        head = (
+            f"the sequential test found {what}: {test['regressions_then']} regressions in {test['decided_after']} "
+            f"items the baseline answered right"
+        )
+    else:
+        head = (
+            f"passed the sequential test after {whole['items']} items: {whole['regressions']} regressions in items "
+            "the baseline answered right"
+        )
     parts = [
-        f"score {got['score']:.3f} ({got['correct']}/{got['total']} exact) against the baseline {base:.3f} "
-        f"({baseline.get('correct', '?')}/{baseline.get('total', '?')}, {baseline.get('written_at', 'undated')}, "
-        f"host {baseline.get('host', '?')}); floor {floor:.3f} (allowed drop {float(allowed_drop):.3f})"
+        f"{head} (by group: {_counts(summary)}); baseline {base:.3f} ({baseline.get('correct', '?')}/"
+        f"{baseline.get('total', '?')}, {baseline.get('written_at', 'undated')}, host {baseline.get('host', '?')}); "
+        f"the test: a healthy canary rolled back at most {rates['false_rollback'] * 100:.1f}% of the time, a "
+        f"{settings.drop * 100:g}-point drop caught {rates['detection'] * 100:.1f}%, a {settings.group_drop * 100:g}-"
+        f"point drop in one group {rates['group_detection'] * 100:.1f}%"
     ]
     if nan:
         parts.append(f"{len(nan)} NaN line(s) in the engine's journal since its start, first: {nan[0]}")
     if worst:
         parts.append("worst items: " + describe_worst(worst))
-    verdict.update(ok=ok, baseline_score=base, floor=floor, reason="; ".join(parts))
+    verdict.update(
+        ok=decided == "pass" and not nan,
+        baseline_score=base,
+        reason="; ".join(parts),
+        decision=summary,
+        failed_group=gate.failed_by,
+        rates=rates,
+    )
     return verdict
 
 
@@ -254,6 +463,15 @@ def baseline_problems(baseline, key: dict, digest: str, path: str) -> list[str]:
             f"sha256 {str(baseline.get('eval_set_sha256'))[:12]}, now {digest[:12]}): write it again"
         )
     return problems
+
+
+def gate_problems(eval_set: dict, baseline: dict, settings: GateSettings) -> list[str]:
+    """Why the sequential test cannot judge a canary against ``baseline``: settings out of range, or fewer items
+    the baseline answered right (overall or in a group) than the test needs to pass."""
+    problems = settings.problems()
+    if problems:
+        return problems
+    return too_few(settings, available_by_group(eval_set.get("items", []), baseline))
 
 
 def baseline_record(measured: dict, key: dict, eval_set: dict, host: str, written_at: str) -> dict:
@@ -296,6 +514,7 @@ def ask_item(post, item: dict, served_name: str, p: dict) -> dict:
         body["chat_template_kwargs"] = {"enable_thinking": False}
     out = {
         "id": item["id"],
+        "group": str(item.get("group") or ""),
         "prompt": item["prompt"],
         "expected": item["expected"],
         "match": item.get("match", "exact"),
@@ -314,7 +533,9 @@ def ask_item(post, item: dict, served_name: str, p: dict) -> dict:
         out["error"] = "the answer is not an OpenAI chat completion"
         return out
     out["got"] = answer.strip()[:400]
-    out["ok"] = matches(item, answer)
+    out["ok"], why = check_answer(item, answer)
+    if why:
+        out["why"] = why
     return out
 
 
@@ -337,15 +558,52 @@ def nan_journal_lines(unit: str, patterns, runner=run) -> list[str]:
     return found[:20]
 
 
+def ask_in_turn(ask, order: list[dict], gate: GateRun, concurrency: int) -> list[dict]:
+    """Ask the items of ``order`` (``ask(item) -> result``), ``concurrency`` at once, feeding each answer to the
+    sequential test in draw order, until it decides (or the items run out): the answers the decision used, then
+    those still in flight at the decision (``counted`` false)."""
+    fed: list[dict] = []
+    late: list[dict] = []
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        submitted: list = []  # (item, future) in draw order, not yet fed
+        nxt = 0
+        while True:
+            while gate.verdict is None and len(submitted) < concurrency and nxt < len(order):
+                item = order[nxt]
+                nxt += 1
+                if gate.wanted(str(item.get("group") or "all")):
+                    submitted.append((item, pool.submit(ask, item)))
+            if not submitted:
+                break
+            wait([f for _i, f in submitted], return_when=FIRST_COMPLETED)
+            while submitted and submitted[0][1].done():
+                item, future = submitted.pop(0)
+                result = future.result()
+                if gate.verdict is None:
+                    gate.add(str(item.get("group") or "all"), not result.get("ok"))
+                    fed.append(result)
+                else:
+                    late.append({**result, "counted": False})
+    return fed + late
+
+
 def run_eval(p: dict, no_log_values=None) -> dict:
-    """Ask every item of ``p['eval_set']`` (EVAL_OPTIONS; missing options take their defaults), score it, read
-    whether NaN detection is on (``/get_server_info``'s ``enable_nan_detection``) and the journal's NaN lines,
-    and judge it against ``p['baseline']`` when one is given. The API key (given, or read from the secrets file on
-    the host) goes to ``no_log_values``; it is never part of the result."""
+    """Ask the evaluation set ``p['eval_set']`` (EVAL_OPTIONS; missing options take their defaults), read whether
+    NaN detection is on (``/get_server_info``'s ``enable_nan_detection``, else the unit's environment) and the
+    journal's NaN lines. With ``p['baseline']``: the items the baseline answered right, each group's drawn at random
+    (``p['seed']``, kept in the result), asked until the sequential test decides, and the verdict; without one (a
+    baseline run): every item. The API key (given, or read from the secrets file on the host) goes to
+    ``no_log_values``; it is never part of the result."""
     p, base, headers = server_api(p, EVAL_OPTIONS, no_log_values)
     problems = check_eval_set(p["eval_set"])
     if problems:
         return {"failed": True, "msg": "evaluation set refused: " + "; ".join(problems), "items": []}
+    settings = settings_of(p)
+    if p["baseline"]:
+        problems = gate_problems(p["eval_set"], p["baseline"], settings)
+        if problems:
+            return {"failed": True, "msg": "the quality gate cannot judge with this baseline: " + "; ".join(problems),
+                    "items": []}  # fmt: skip
     started = time.monotonic()
 
     def post(body):
@@ -361,8 +619,20 @@ def run_eval(p: dict, no_log_values=None) -> dict:
     if not isinstance(info, dict):
         info = {}
     items = p["eval_set"]["items"]
-    with ThreadPoolExecutor(max_workers=max(1, int(p["concurrency"]))) as pool:
-        results = list(pool.map(lambda it: ask_item(post, it, p["served_name"], p), items))
+    seed = str(p["seed"] or f"{time.time_ns()}")
+
+    def ask(item):
+        return ask_item(post, item, p["served_name"], p)
+
+    gate = None
+    if p["baseline"]:
+        by_group = available_by_group(items, p["baseline"])
+        gate = GateRun(settings, by_group)
+        results = ask_in_turn(ask, draw_order(by_group, random.Random(seed)), gate, int(p["concurrency"]))
+    else:
+        with ThreadPoolExecutor(max_workers=max(1, int(p["concurrency"]))) as pool:
+            results = list(pool.map(ask, items))
+    counted = [r for r in results if r.get("counted", True)]
     # 0.5.9/0.5.10.post1 report the flag in /get_server_info; 0.5.23's checks are environment variables only (its
     # server info has no such field): the unit's environment says
     nan_detection = bool(info.get("enable_nan_detection")) if info else None
@@ -372,18 +642,19 @@ def run_eval(p: dict, no_log_values=None) -> dict:
     if p["unit"] and nan_detection:
         nan_lines = nan_journal_lines(p["unit"], p["nan_patterns"])
     measured = {
-        "items": results,
+        "items": counted,
         "nan_detection": nan_detection,
         "nan_lines": nan_lines,
         "engine_version": str(info.get("version", "")),
     }
-    verdict = judge(measured, p["baseline"], p["allowed_drop"], p["worst"])
+    verdict = judge(measured, p["baseline"], gate, p["worst"])
     errors = [r for r in results if r.get("error")]
     written_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return {
         "baseline_record": baseline_record(measured, p["key"], p["eval_set"], p["host"], written_at),
         "changed": False,
         **verdict,
+        "seed": seed,
         "eval_set": p["eval_set"].get("name"),
         "eval_set_sha256": eval_set_digest(p["eval_set"]),
         "engine_version": measured["engine_version"],

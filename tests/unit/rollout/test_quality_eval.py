@@ -1,7 +1,9 @@
 """The rollout's quality gate (docs/quality-gate.md): the evaluation set in the repository (generated, deterministic,
-usable), the normaliser and matchers, the score, the verdict against a baseline (what the refusal says), the
-baseline's checks and key (filters), and the module sglang_quality_eval run in-process (its main(), as Ansible runs
-it) against the lab's simulated engine on loopback: healthy, partial-quality, wrong-answer, nan-output, an API key."""
+usable, four groups), the normaliser and matchers (exact with its script, numeric, a tool call's JSON), the verdict
+of the sequential test against a baseline (what the refusal says), the baseline's checks and key (filters), and the
+module sglang_quality_eval run in-process (its main(), as Ansible runs it) against the lab's simulated engine on
+loopback: healthy, partial-quality over all groups and in one, non-English corruption, wrong-answer, nan-output, an
+API key."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils import sglang_quali
 
 REPO = Path(__file__).resolve().parents[3]
 EVAL_DIR = REPO / "roles" / "rollout" / "files" / "quality_eval"
-EVAL_SET = json.loads((EVAL_DIR / "gpufleet-eval-v1.json").read_text())
+EVAL_SET = json.loads((EVAL_DIR / "gpufleet-eval-v2.json").read_text())
 KEY = {"gpu_class": "NVIDIA RTX PRO 6000 Blackwell Server Edition x2", "model": "glm-5", "lane": "lab-sim"}
 API_KEY = "quality-Key-0042 #x"
 
@@ -34,11 +36,19 @@ def test_the_evaluation_set_is_the_generators_output_and_usable():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert q.check_eval_set(EVAL_SET) == []
     items = EVAL_SET["items"]
-    assert 30 <= len(items) <= 60
+    groups = {g: [i for i in items if i["group"] == g] for g in ("arithmetic", "facts", "multilingual", "tool_json")}
+    assert {i["group"] for i in items} == set(groups) and all(len(v) == 100 for v in groups.values())
     kinds = {i["id"].rsplit("-", 1)[0] for i in items}
-    assert kinds == {"arith", "weekday", "date", "capital", "convert", "reason"}
-    assert {i["match"] for i in items} == {"exact", "numeric"}
+    assert kinds == {"arith", "weekday", "date", "capital", "convert", "reason", "weekday-lang", "month-lang", "tool"}
+    assert {i["match"] for i in items} == {"exact", "numeric", "json"}
+    assert len({i["prompt"] for i in items}) == len(items)
     assert all("only" in i["prompt"] for i in items)  # each asks for a short answer
+    # the multilingual answers are in their script; the tool calls' expected arguments validate against the schema
+    assert {i["script"] for i in groups["multilingual"]} == {"latin", "cyrillic", "greek", "han"}
+    assert all(q.script_problem(i["expected"], i["script"]) == "" for i in groups["multilingual"])
+    assert all(q.schema_problems(i["expected"]["arguments"], i["schema"]) == [] for i in groups["tool_json"])
+    # the gate can pass on it: every group holds more items than its test needs
+    assert q.gate_problems(EVAL_SET, {"items": [{"id": i["id"], "ok": True} for i in items]}, q.GateSettings()) == []
 
 
 def test_a_bad_evaluation_set_is_refused_naming_each_problem():
@@ -51,15 +61,20 @@ def test_a_bad_evaluation_set_is_refused_naming_each_problem():
             {"id": "b", "prompt": "", "expected": "y", "match": "fuzzy"},
             {"id": "c", "prompt": "x", "expected": "two", "match": "numeric", "tolerance": -1},
             {"id": "d", "prompt": "x"},
+            {"id": "e", "prompt": "x", "expected": "y", "script": "klingon", "group": 3},
+            {"id": "f", "prompt": "x", "expected": {"name": "t"}, "match": "json"},
         ],
     }
     assert rollout_quality_eval_set_problems(bad) == [
         "item a: duplicate id",
         "item b has no prompt",
-        "item b: unknown matcher 'fuzzy' (known: exact, numeric)",
+        "item b: unknown matcher 'fuzzy' (known: exact, numeric, json)",
         "item c: numeric expected answer 'two' is not a number",
         "item c: tolerance must be a number >= 0 (got -1)",
         "item d has no expected answer",
+        "item e: unknown script 'klingon' (known: latin, cyrillic, greek, han)",
+        "item e: group must be a string",
+        "item f: a json item's expected answer is {name, arguments} (got {'name': 't'})",
     ]
     assert rollout_quality_eval_set_problems({}) == [
         "schema is None, expected 'gpufleet.quality_eval/v1'",
@@ -110,6 +125,64 @@ def test_the_numeric_matcher(answer, ok):
     assert q.matches({"expected": 52290, "match": "numeric"}, answer) is ok
 
 
+@pytest.mark.parametrize(
+    ("answer", "ok", "why"),
+    [
+        ("понедельник", True, ""),
+        ("Понедельник.", True, ""),
+        ("пoнeдeльник", False, "a script mix-up: Latin letters in an answer expected in Cyrillic"),
+        ("понед\ufffdльник", False, "a replacement character (U+FFFD) in the answer"),
+        ("вторник", False, ""),
+    ],
+)
+def test_the_exact_matcher_names_a_replacement_character_or_a_script_mix_up(answer, ok, why):
+    item = {"expected": "понедельник", "match": "exact", "script": "cyrillic"}
+    assert q.check_answer(item, answer) == (ok, why)
+    assert q.check_answer({"expected": "月曜日", "script": "han"}, "月曜日a") == (
+        False,
+        "a script mix-up: Latin letters in an answer expected in Han",
+    )
+
+
+TOOL = {
+    "match": "json",
+    "expected": {"name": "set_timer", "arguments": {"minutes": 25, "label": "thé", "repeat": False}},
+    "schema": {
+        "type": "object",
+        "properties": {"minutes": {"type": "integer"}, "label": {"type": "string"}, "repeat": {"type": "boolean"}},
+        "required": ["minutes", "label", "repeat"],
+        "additionalProperties": False,
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("answer", "ok", "why"),
+    [
+        ('{"name": "set_timer", "arguments": {"minutes": 25, "label": "thé", "repeat": false}}', True, ""),
+        ('```json\n{"name": "set_timer", "arguments": {"label": "thé", "minutes": 25, "repeat": false}}\n```', True, ""),
+        ('{"name": "set_timer", "arguments": {"minutes": 25.0, "label": "the\u0301", "repeat": false}}', True, ""),
+        ('{"name: "set_timer", "arguments": {}}', False, "not a JSON object (Expecting ':' delimiter: line 1 column 10"),
+        ('{"name": "get_weather", "arguments": {}}', False, "called 'get_weather', not 'set_timer'"),
+        (
+            '{"name": "set_timer", "arguments": {"minutes": "25", "label": "thé", "repeat": false, "x": 1}}',
+            False,
+            "the arguments break the tool's schema: arguments.x: not a parameter of the tool; arguments.minutes: "
+            "'25' is not of type integer",
+        ),
+        (
+            '{"name": "set_timer", "arguments": {"minutes": 25, "label": "th\ufffd", "repeat": false}}',
+            False,
+            "the arguments differ from the requested ones",
+        ),
+        ("", False, "not a JSON object (no JSON object in the answer)"),
+    ],
+)
+def test_the_json_matcher_parses_the_call_and_checks_it_against_its_schema(answer, ok, why):
+    got_ok, got_why = q.check_answer(TOOL, answer)
+    assert got_ok is ok and got_why.startswith(why), got_why
+
+
 def test_the_numeric_matcher_with_a_tolerance():
     item = {"expected": 42.165, "match": "numeric", "tolerance": 0.01}
     assert q.matches(item, "42.1648") and q.matches(item, "about 42.17 km") and not q.matches(item, "42.2")
@@ -118,52 +191,97 @@ def test_the_numeric_matcher_with_a_tolerance():
 # ---------------------------------------------------------------- score and verdict
 
 
-def results(n_ok: int, n_bad: int) -> list[dict]:
-    out = [{"id": f"ok-{i:02d}", "prompt": f"p{i}", "expected": i, "got": str(i), "ok": True} for i in range(n_ok)]
-    out += [{"id": f"bad-{i:02d}", "prompt": f"q{i}", "expected": i, "got": "?", "ok": False} for i in range(n_bad)]
-    return out
-
-
 BASELINE = {
     "schema": q.BASELINE_SCHEMA,
     **KEY,
-    "score": 0.95,
-    "correct": 38,
-    "total": 40,
-    "written_at": "2026-12-05T06:00:00Z",
+    "score": 1.0,
+    "correct": 400,
+    "total": 400,
+    "written_at": "2026-12-07T06:00:00Z",
     "host": "t-01",
     "eval_set_sha256": q.eval_set_digest(EVAL_SET),
-    "items": [{"id": "bad-00", "ok": False}, {"id": "bad-01", "ok": True}],
+    "items": [{"id": i["id"], "ok": True} for i in EVAL_SET["items"]],
 }
 
 
-def test_a_score_at_the_floor_passes_and_below_it_fails_naming_score_baseline_and_worst_items():
-    at_floor = q.judge({"items": results(36, 4)}, BASELINE, 0.05)  # 0.90 = 0.95 - 0.05
-    assert at_floor["ok"] is True and at_floor["score"] == 0.9 and at_floor["floor"] == 0.9
-    below = q.judge({"items": results(35, 5)}, BASELINE, 0.05, worst_limit=2)
-    assert below["ok"] is False
-    assert below["reason"].startswith(
-        "score 0.875 (35/40 exact) against the baseline 0.950 (38/40, 2026-12-05T06:00:00Z, host t-01); "
-        "floor 0.900 (allowed drop 0.050); worst items: "
+def feed(answers: list[tuple[str, bool]]):
+    """A GateRun over the evaluation set's groups fed (group, regression) answers in order, and the results."""
+    gate = q.GateRun(q.GateSettings(), q.available_by_group(EVAL_SET["items"], BASELINE))
+    results = []
+    for n, (group, regression) in enumerate(answers):
+        gate.add(group, regression)
+        results.append({"id": f"{group}-{n:03d}", "group": group, "prompt": f"p{n}", "expected": n,
+                        "got": "?" if regression else str(n), "ok": not regression})  # fmt: skip
+        if gate.verdict:
+            break
+    return gate, results
+
+
+GROUPS = ("arithmetic", "facts", "multilingual", "tool_json")
+
+
+def test_a_clean_run_passes_once_every_test_has_passed_naming_the_error_rates():
+    gate, results = feed([(GROUPS[n % 4], False) for n in range(200)])
+    # the overall test needs 62 clean items (GateSettings: noise 0.01, drop 0.05, alpha 0.02/2, beta 0.04)
+    assert gate.verdict == "pass" and len(results) == 62
+    verdict = q.judge({"items": results}, BASELINE, gate)
+    assert verdict["ok"] is True and verdict["score"] == 1.0 and verdict["failed_group"] is None
+    assert verdict["reason"].startswith(
+        "passed the sequential test after 62 items: 0 regressions in items the baseline answered right (by group: "
+        "arithmetic 0/16, facts 0/16, multilingual 0/15, tool_json 0/15); baseline 1.000 (400/400, "
+        "2026-12-07T06:00:00Z, host t-01); the test: a healthy canary rolled back at most "
     )
-    # the regression (an item the baseline answered right) comes first; each with prompt, expected and got
-    assert below["worst"] == [
-        {"id": "bad-01", "prompt": "q1", "expected": 1, "got": "?"},
-        {"id": "bad-00", "prompt": "q0", "expected": 0, "got": "?"},
-    ]
-    assert "[bad-01] 'q1': expected 1, got '?'" in below["reason"]
+    rates = verdict["rates"]
+    assert rates["false_rollback"] <= 0.02 and rates["detection"] >= 0.95 and rates["group_detection"] >= 0.95
+    assert verdict["decision"]["all"]["verdict"] == "pass"
 
 
-def test_nan_lines_fail_the_verdict_whatever_the_score():
+def test_a_regression_confined_to_one_group_fails_its_test_naming_the_group_and_the_worst_items():
+    answers = [(g, g == "multilingual" and n % 2 == 0) for n in range(40) for g in GROUPS]
+    gate, results = feed(answers)
+    assert gate.verdict == "fail" and gate.failed_by == "multilingual"
+    results[-1]["why"] = "a script mix-up: Latin letters in an answer expected in Cyrillic"
+    verdict = q.judge({"items": results}, BASELINE, gate, worst_limit=2)
+    assert verdict["ok"] is False and verdict["failed_group"] == "multilingual"
+    assert verdict["reason"].startswith(
+        "the sequential test found a 25-point drop in group multilingual: 2 regressions in 3 items the baseline "
+        "answered right (by group: arithmetic 0/3, facts 0/3, multilingual 2/3, tool_json 0/2)"
+    )
+    assert "(a script mix-up: Latin letters in an answer expected in Cyrillic)" in verdict["reason"]
+    assert [w["group"] for w in verdict["worst"]] == ["multilingual", "multilingual"]
+
+
+def test_a_uniform_drop_fails_the_overall_test():
+    # one regression in every 13 items, spread over the groups: no group's test fails first
+    gate, results = feed([(GROUPS[n % 4], n % 13 == 12) for n in range(240)])
+    assert gate.verdict == "fail" and gate.failed_by == "all"
+    verdict = q.judge({"items": results}, BASELINE, gate)
+    assert verdict["reason"].startswith("the sequential test found a 5-point drop over all groups: ")
+
+
+def test_nan_lines_fail_the_verdict_whatever_the_answers():
     line = "[2026-12-05 06:00:01 TP0] Detected errors during sampling! NaN in the logits."
-    verdict = q.judge({"items": results(40, 0), "nan_detection": True, "nan_lines": [line]}, BASELINE, 0.05)
+    gate, results = feed([(GROUPS[n % 4], False) for n in range(200)])
+    verdict = q.judge({"items": results, "nan_detection": True, "nan_lines": [line]}, BASELINE, gate)
     assert verdict["ok"] is False and verdict["score"] == 1.0
     assert f"1 NaN line(s) in the engine's journal since its start, first: {line}" in verdict["reason"]
 
 
 def test_without_a_baseline_the_run_is_measured_only():
-    verdict = q.judge({"items": results(3, 1)}, {}, 0.05)
-    assert verdict["ok"] is None and verdict["score"] == 0.75 and verdict["reason"] == "score 0.750 measured"
+    results = [{"id": str(n), "ok": n != 0} for n in range(4)]
+    verdict = q.judge({"items": results}, {})
+    assert verdict["ok"] is None and verdict["score"] == 0.75 and verdict["reason"] == "score 0.750 measured (4 items)"
+
+
+def test_a_baseline_too_thin_for_the_test_is_refused_naming_the_group():
+    thin = {**BASELINE, "items": [{"id": i["id"], "ok": i["group"] != "tool_json" or i["id"] < "tool-006"}
+                                  for i in EVAL_SET["items"]]}  # fmt: skip
+    assert q.gate_problems(EVAL_SET, thin, q.GateSettings()) == [
+        "group tool_json: the baseline answered 5 items right; its test needs 12"
+    ]
+    assert q.gate_problems(EVAL_SET, BASELINE, q.GateSettings(noise=0.2, drop=0.9)) == [
+        "drop must be in (0, 1 - noise), got 0.9"
+    ]
 
 
 def test_a_baseline_that_cannot_judge_the_run_is_named():
@@ -287,38 +405,57 @@ def test_a_healthy_engine_answers_every_item_and_makes_a_baseline(serve, run_mod
         "score": 1.0,
     }
     assert q.baseline_problems(record, KEY, q.eval_set_digest(EVAL_SET), "b.json") == []
-    # judged against its own baseline it passes
-    again, failed = run_module("sglang_quality_eval", eval_args(sim, baseline=record))
-    assert not failed and again["ok"] is True and again["floor"] == 0.95
+    # judged against its own baseline it passes after the fewest items the test allows (62 with 8 in flight at the
+    # decision, not counted), drawn at random from every group; the same seed draws the same items
+    again, failed = run_module("sglang_quality_eval", eval_args(sim, baseline=record, seed="run-1"))
+    assert not failed and again["ok"] is True and again["total"] == 62 and again["seed"] == "run-1"
+    assert {r["group"] for r in again["items"]} == {"arithmetic", "facts", "multilingual", "tool_json"}
+    assert all(r.get("counted", True) is False for r in again["items"][62:])
+    same, _ = run_module("sglang_quality_eval", eval_args(sim, baseline=record, seed="run-1"))
+    other, _ = run_module("sglang_quality_eval", eval_args(sim, baseline=record, seed="run-2"))
+    counted = [[r["id"] for r in x["items"][:62]] for x in (again, same, other)]
+    assert counted[0] == counted[1] != counted[2]
 
 
 def test_a_partial_quality_drop_fails_against_the_baseline_naming_the_worst_items(serve, run_module):
     from sglang_sim.quality import degraded
 
     sim = serve("partial-quality=0.5")
-    baseline = {**BASELINE, "score": 1.0, "correct": 38, "total": 38, "items": []}
-    result, failed = run_module("sglang_quality_eval", eval_args(sim, baseline=baseline, worst=3))
+    result, failed = run_module("sglang_quality_eval", eval_args(sim, baseline=BASELINE, worst=3))
     assert not failed, result
-    wrong = [i["id"] for i in EVAL_SET["items"] if degraded(i["prompt"], 0.5)]
-    assert 0 < len(wrong) < len(EVAL_SET["items"])
-    assert sorted(r["id"] for r in result["items"] if not r["ok"]) == sorted(wrong)
-    assert result["score"] == round(1 - len(wrong) / len(EVAL_SET["items"]), 4)
-    assert result["ok"] is False and result["floor"] == 0.95
-    assert result["reason"].startswith(
-        f"score {result['score']:.3f} ({result['correct']}/38 exact) against the baseline"
-    )
+    counted = [r for r in result["items"] if r.get("counted", True)]
+    wrong = sorted(r["id"] for r in counted if degraded(r["prompt"], 0.5))
+    assert wrong and sorted(r["id"] for r in counted if not r["ok"]) == wrong
+    assert result["ok"] is False and result["total"] == len(counted) < 20
+    assert result["reason"].startswith("the sequential test found a ")
     worst = result["worst"]
-    assert len(worst) == 3 and [w["id"] for w in worst] == sorted(wrong)[:3]
+    assert len(worst) == 3 and [w["id"] for w in worst] == wrong[:3]
     for w in worst:
         item = next(i for i in EVAL_SET["items"] if i["id"] == w["id"])
         assert w["prompt"] == item["prompt"] and w["expected"] == item["expected"] and w["got"]
-        assert f"[{w['id']}] {w['prompt']!r}: expected {w['expected']!r}, got {w['got']!r}" in result["reason"]
+        assert f"[{w['id']}] {w['prompt'][:100]!r}: expected {w['expected']!r}, got {w['got']!r}" in result["reason"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "groups"),
+    [("partial-quality-facts=0.5", {"facts"}), ("non-english-corruption", {"multilingual", "tool_json"})],
+)
+def test_a_loss_confined_to_one_group_is_caught_by_its_groups_test(serve, run_module, fault, groups):
+    sim = serve(fault)
+    result, failed = run_module("sglang_quality_eval", eval_args(sim, baseline=BASELINE, seed="s"))
+    assert not failed, result
+    assert result["ok"] is False and result["failed_group"] in groups, result["reason"]
+    counted = [r for r in result["items"] if r.get("counted", True)]
+    assert {r["group"] for r in counted if not r["ok"]} <= groups
+    assert f"drop in group {result['failed_group']}: " in result["reason"]
+    if fault == "non-english-corruption":
+        assert all(r["why"] for r in counted if not r["ok"])  # a replacement character, a script mix-up, bad JSON
 
 
 @pytest.mark.parametrize("fault", ["wrong-answer", "nan-output"])
 def test_a_broken_engine_scores_nothing(serve, run_module, fault):
     sim = serve(fault, args=("--enable-nan-detection",))
-    result, failed = run_module("sglang_quality_eval", eval_args(sim, baseline={**BASELINE, "score": 1.0}))
+    result, failed = run_module("sglang_quality_eval", eval_args(sim, baseline=BASELINE))
     assert not failed, result
     assert result["score"] == 0.0 and result["ok"] is False and result["nan_detection"] is True
     if fault == "nan-output":

@@ -27,17 +27,42 @@ KNOWN = (
     "hang-after-ready",
     "orphan-children",
     "partial-quality=SHARE",
+    "partial-quality-arithmetic=SHARE",
+    "partial-quality-facts=SHARE",
+    "partial-quality-multilingual=SHARE",
+    "partial-quality-tool-json=SHARE",
+    "non-english-corruption",
     "slow-step=SECONDS",
 )
+# The quality gate's item groups (roles/rollout/files/quality_eval/generate.py) a partial-quality fault can be
+# confined to: partial-quality-<group>=SHARE
+QUALITY_GROUPS = ("arithmetic", "facts", "multilingual", "tool-json")
 
 
 # Faults the fault file may switch on while the server runs ("after a healthy start").
-RUNTIME = ("wrong-answer", "nan-output", "hang-after-ready", "partial-quality=SHARE", "slow-step=SECONDS")
+RUNTIME = (
+    "wrong-answer",
+    "nan-output",
+    "hang-after-ready",
+    "partial-quality=SHARE",
+    *(f"partial-quality-{g}=SHARE" for g in QUALITY_GROUPS),
+    "non-english-corruption",
+    "slow-step=SECONDS",
+)
 # Faults that take a number: name -> (field, what the number is, its check, the check's words)
 VALUED = {
     "slow-start": ("slow_start", "a number of seconds (slow-start=SECONDS)", lambda v: v >= 0, "non-negative"),
     "partial-quality": ("partial_quality", "a share (partial-quality=SHARE)", lambda v: 0 < v <= 1, "in (0, 1]"),
     "slow-step": ("slow_step", "a number of seconds (slow-step=SECONDS)", lambda v: v >= 0, "non-negative"),
+    **{
+        f"partial-quality-{g}": (
+            f"partial_quality_{g.replace('-', '_')}",
+            f"a share (partial-quality-{g}=SHARE)",
+            lambda v: 0 < v <= 1,
+            "in (0, 1]",
+        )
+        for g in QUALITY_GROUPS
+    },
 }
 VALUED_FIELDS = frozenset(field for field, *_ in VALUED.values())
 
@@ -60,6 +85,14 @@ class Faults:
     orphan_children: bool = False
     # share (0-1] of the answers the simulator computes (sglang_sim.quality) that come out wrong
     partial_quality: float = 0.0
+    # the same, confined to one item group of the gate's evaluation set (sglang_sim.quality.GROUPS)
+    partial_quality_arithmetic: float = 0.0
+    partial_quality_facts: float = 0.0
+    partial_quality_multilingual: float = 0.0
+    partial_quality_tool_json: float = 0.0
+    # an FP4-kernel-like corruption: answers in non-English text get a replacement character or a letter of another
+    # script, tool-call JSON a broken token; English and numbers stay right
+    non_english_corruption: bool = False
     # seconds every forward step (the prefill and each decode step) takes longer: a GPU held at low clocks, a slow
     # kernel; time to first token and inter-token latency grow by as much
     slow_step: float = 0.0

@@ -12,6 +12,12 @@ gate's baseline on the lab is 1.0 and only an injected fault lowers it:
   of sha256 of its prompt, as a fraction of 2^32, are below SHARE; the same prompts every time, so a score is
   reproducible; its other answers, and every answer outside these shapes (the smoke check's capital of France),
   stay right: a silent quality loss that a one-prompt smoke check does not see;
+* ``partial-quality-<group>=SHARE`` (``arithmetic``, ``facts``, ``multilingual``, ``tool-json``): the same, confined
+  to the shapes of one item group (``GROUPS``), so a loss in one group is not averaged away by the others;
+* ``non-english-corruption``: what operators report of FP4 kernels on sm_120 (docs/quality-gate.md): an answer with
+  non-English letters gets one of them replaced by U+FFFD or by a look-alike of another script (Cyrillic for Latin,
+  Latin for Cyrillic and Greek, a Latin letter after a Han one), and a tool call's JSON loses a quote; English and
+  numbers stay right;
 * ``nan-output`` is textgen's (token 0 at every step, before any answer is computed).
 
 The answers are bare (``936``, ``Friday``, ``Tokyo``), as a model asked to "reply with the number only" gives
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import math
 import re
 
@@ -43,7 +50,41 @@ CAPITALS = {
     "switzerland": ("Bern", "Zurich"),
     "morocco": ("Rabat", "Casablanca"),
     "new zealand": ("Wellington", "Auckland"),
+    "nigeria": ("Abuja", "Lagos"),
+    "pakistan": ("Islamabad", "Karachi"),
+    "kazakhstan": ("Astana", "Almaty"),
+    "tanzania": ("Dodoma", "Dar es Salaam"),
+    "myanmar": ("Naypyidaw", "Yangon"),
+    "bolivia": ("Sucre", "La Paz"),
+    "south africa": ("Pretoria", "Johannesburg"),
+    "sri lanka": ("Sri Jayawardenepura Kotte", "Colombo"),
 }
+
+# Weekday and month names (Monday, January first) in the languages the evaluation set asks for
+NAMES = {
+    "german": (("Montag", "Dienstag", "Mittwoch", "Donnerstag", "Freitag", "Samstag", "Sonntag"),
+               ("Januar", "Februar", "März", "April", "Mai", "Juni", "Juli", "August", "September", "Oktober",
+                "November", "Dezember")),
+    "french": (("lundi", "mardi", "mercredi", "jeudi", "vendredi", "samedi", "dimanche"),
+               ("janvier", "février", "mars", "avril", "mai", "juin", "juillet", "août", "septembre", "octobre",
+                "novembre", "décembre")),
+    "spanish": (("lunes", "martes", "miércoles", "jueves", "viernes", "sábado", "domingo"),
+                ("enero", "febrero", "marzo", "abril", "mayo", "junio", "julio", "agosto", "septiembre", "octubre",
+                 "noviembre", "diciembre")),
+    "russian": (("понедельник", "вторник", "среда", "четверг", "пятница", "суббота", "воскресенье"),
+                ("январь", "февраль", "март", "апрель", "май", "июнь", "июль", "август", "сентябрь", "октябрь",
+                 "ноябрь", "декабрь")),
+    "greek": (("Δευτέρα", "Τρίτη", "Τετάρτη", "Πέμπτη", "Παρασκευή", "Σάββατο", "Κυριακή"),
+              ("Ιανουάριος", "Φεβρουάριος", "Μάρτιος", "Απρίλιος", "Μάιος", "Ιούνιος", "Ιούλιος", "Αύγουστος",
+               "Σεπτέμβριος", "Οκτώβριος", "Νοέμβριος", "Δεκέμβριος")),
+    "japanese": (("月曜日", "火曜日", "水曜日", "木曜日", "金曜日", "土曜日", "日曜日"),
+                 tuple(f"{m}月" for m in range(1, 13))),
+    "chinese": (("星期一", "星期二", "星期三", "星期四", "星期五", "星期六", "星期日"),
+                ("一月", "二月", "三月", "四月", "五月", "六月", "七月", "八月", "九月", "十月", "十一月", "十二月")),
+}  # fmt: skip
+# non-english-corruption: a letter and the look-alike of another script that replaces it
+LOOKALIKE = {"a": "а", "e": "е", "o": "о", "c": "с", "p": "р", "а": "a", "е": "e", "о": "o", "с": "c", "р": "p",
+             "α": "a", "ο": "o", "ε": "e", "ι": "i", "τ": "t"}  # fmt: skip
 
 # "Convert V <from> to <to>": factor (or a function) from the first unit to the second
 CONVERSIONS = {
@@ -60,6 +101,12 @@ CONVERSIONS = {
 _NUM = r"(-?\d+(?:\.\d+)?)"
 _DATE = r"(\d{4}-\d{2}-\d{2})"
 _SHAPES = (
+    # before "weekday": its pattern is a prefix of this one's
+    ("weekday_lang", re.compile(rf"what day of the week (?:was|is) {_DATE}\? reply with the weekday name in (\w+)")),
+    (
+        "month_lang",
+        re.compile(rf"in which month is the date (\d+) days after {_DATE}\? reply with the month name in (\w+)"),
+    ),
     ("arith", re.compile(rf"what is {_NUM} ([-+*]) {_NUM}\?")),
     ("weekday", re.compile(rf"what day of the week (?:was|is) {_DATE}\?")),
     ("days_after", re.compile(rf"what date is (\d+) days after {_DATE}\?")),
@@ -70,6 +117,24 @@ _SHAPES = (
     ("older", re.compile(r"\w+ is (\d+) years older than \w+\. \w+ is (\d+) years old\.")),
     ("boxes", re.compile(r"a box holds (\d+) pencils\. how many boxes are needed for (\d+) pencils\?")),
 )
+# The item group of each shape (the evaluation set's groups; partial-quality-<group>)
+GROUPS = {
+    "arith": "arithmetic",
+    "convert": "arithmetic",
+    "apples": "arithmetic",
+    "train": "arithmetic",
+    "older": "arithmetic",
+    "boxes": "arithmetic",
+    "weekday": "facts",
+    "days_after": "facts",
+    "capital": "facts",
+    "weekday_lang": "multilingual",
+    "month_lang": "multilingual",
+    "tool": "tool-json",
+}
+# "Call the tool `name` with a = <JSON>, b = <JSON>. Its parameters ..." (the prompt's own case: values are kept)
+_TOOL = re.compile(r"Call the tool `(\w+)` with (.*?)\. Its parameters as JSON Schema", re.DOTALL)
+_ARG = re.compile(r'(\w+) = ("(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?|true|false)')
 
 _source: FaultSource | None = None
 
@@ -81,6 +146,30 @@ def current_faults() -> Faults:
     if _source is None:
         _source = FaultSource(from_env(), quiet=True)
     return _source.current()
+
+
+def share_for(shape: str, faults: Faults) -> float:
+    """The partial-quality share for a shape: the fault over every group, or its group's, the larger."""
+    group = GROUPS.get(shape, "").replace("-", "_")
+    return max(faults.partial_quality, getattr(faults, f"partial_quality_{group}", 0.0) if group else 0.0)
+
+
+def corrupt(text: str, prompt: str) -> str:
+    """non-english-corruption of an answer: one non-ASCII letter replaced by U+FFFD or a look-alike letter of
+    another script (chosen by the prompt's hash), or a Han answer followed by a stray Latin letter; ASCII answers
+    stay as they are."""
+    letters = [i for i, c in enumerate(text) if c.isalpha() and not c.isascii()]
+    if not letters:
+        return text
+    digest = int(hashlib.sha256(("corrupt:" + prompt).encode("utf-8", "replace")).hexdigest()[:8], 16)
+    swap = [i for i in range(len(text)) if text[i].lower() in LOOKALIKE]
+    if digest % 2 and swap:
+        i = swap[digest % len(swap)]
+        return text[:i] + LOOKALIKE[text[i].lower()] + text[i + 1 :]
+    i = letters[digest % len(letters)]
+    if digest % 2:
+        return text + "a"  # a stray Latin letter after Han ones
+    return text[:i] + "\ufffd" + text[i + 1 :]
 
 
 def degraded(prompt: str, share: float) -> bool:
@@ -120,6 +209,14 @@ def _compute(shape: str, m: re.Match, wrong: bool) -> str | None:
             return None
         value = rule(float(g[0])) if callable(rule) else float(g[0]) * rule
         return _number(value * (1.1 if wrong else 1.0))
+    if shape in ("weekday_lang", "month_lang"):
+        names = NAMES.get(g[-1])
+        if names is None:
+            return None
+        if shape == "weekday_lang":
+            return names[0][(dt.date.fromisoformat(g[0]).weekday() + (1 if wrong else 0)) % 7]
+        date = dt.date.fromisoformat(g[1]) + dt.timedelta(days=int(g[0]))
+        return names[1][(date.month - 1 + (1 if wrong else 0)) % 12]
     ints = [float(x) for x in g]
     value = {
         "apples": lambda: ints[0] - ints[1] + ints[2],
@@ -134,13 +231,42 @@ def oracle_answer(prompt: str, *, wrong: bool = False) -> str | None:
     """The computed answer to a prompt of one of the evaluation set's shapes, None for any other prompt.
     ``wrong`` (the ``wrong-answer`` fault), or the prompt falling in the ``partial-quality`` share, gives a
     plausible wrong answer instead."""
+    faults = current_faults()
+    tool = _TOOL.search(prompt)
+    if tool:
+        return _tool_call(tool, wrong or degraded(prompt, share_for("tool", faults)), faults.non_english_corruption)
     text = " ".join(prompt.lower().split())
     for shape, rx in _SHAPES:
         m = rx.search(text)
         if m:
-            bad = wrong or degraded(prompt, current_faults().partial_quality)
+            bad = wrong or degraded(prompt, share_for(shape, faults))
             try:
-                return _compute(shape, m, bad)
+                computed = _compute(shape, m, bad)
             except (ValueError, OverflowError):
                 return None
+            if computed is not None and faults.non_english_corruption:
+                computed = corrupt(computed, prompt)
+            return computed
     return None
+
+
+def _tool_call(m: re.Match, wrong: bool, corrupted: bool) -> str:
+    """The tool call a model gives for "Call the tool `name` with a = 1, b = "x"": one JSON object; ``wrong``
+    changes one argument (a number off by one, a string's first letter dropped, a boolean flipped); ``corrupted``
+    (non-english-corruption) drops the quote after the first key: the JSON no longer parses."""
+    args = {}
+    for key, raw in _ARG.findall(m.group(2)):
+        args[key] = json.loads(raw)
+    if wrong and args:
+        key = sorted(args)[0]
+        value = args[key]
+        if isinstance(value, bool):
+            args[key] = not value
+        elif isinstance(value, (int, float)):
+            args[key] = value + 1
+        else:
+            args[key] = value[1:] or "x"
+    text = json.dumps({"name": m.group(1), "arguments": args}, ensure_ascii=False)
+    if corrupted:
+        text = text.replace('"name"', '"name', 1)
+    return text
