@@ -8,11 +8,17 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.fleet.plugins.filter.serving_bench import gpu_class, slug
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_quality_eval import (
+    EVAL_OPTIONS,
     baseline_problems,
     check_eval_set,
     eval_set_digest,
+    gate_problems,
     nan_check_on,
+    settings_of,
 )
+
+# The sequential test's options (module sglang_quality_eval; the role's rollout_quality_gate_<option>)
+GATE_OPTIONS = ("noise", "allowed_drop", "group_drop", "false_rollback", "miss", "max_items")
 
 
 def baseline_file(gpu_cls: str, model: str, lane: str) -> str:
@@ -55,10 +61,24 @@ def rollout_quality_eval_set_problems(eval_set) -> list:
     return check_eval_set(eval_set)
 
 
-def rollout_quality_baseline_problems(baseline, key: dict, eval_set: dict, path: str) -> list:
+def rollout_quality_baseline_problems(baseline, key: dict, eval_set: dict, path: str, settings=None) -> list:
     """Why ``baseline`` (the file's content, {} when missing) cannot judge a run of ``eval_set`` on a host of
-    ``key``: missing, not a baseline, another GPU class/model/lane, another evaluation set; [] when it can."""
-    return baseline_problems(baseline or {}, key or {}, eval_set_digest(eval_set or {}), path)
+    ``key``: missing, not a baseline, another GPU class/model/lane, another evaluation set; with the gate's
+    ``settings``, settings the sequential test cannot use (each naming its variable rollout_quality_gate_<option>)
+    or fewer items answered right, overall or in a group, than the test needs to pass; [] when it can."""
+    problems = baseline_problems(baseline or {}, key or {}, eval_set_digest(eval_set or {}), path)
+    if problems or settings is None:
+        return problems
+    values = {k: EVAL_OPTIONS[k]["default"] for k in GATE_OPTIONS}
+    values.update({k: v for k, v in settings.items() if k in GATE_OPTIONS})
+    try:
+        gate = settings_of(values)
+    except (TypeError, ValueError) as e:
+        return [f"the rollout_quality_gate_* settings must be numbers ({e})"]
+    bad = gate.problems()
+    if bad:
+        return [f"rollout_quality_gate_{p}" for p in bad]
+    return [f"{path}: {p}" for p in gate_problems(eval_set or {}, baseline, gate)]
 
 
 # How a baseline run makes one baseline of the hosts of one GPU class, model and lane

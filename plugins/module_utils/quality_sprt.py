@@ -141,17 +141,19 @@ class GateSettings:
         return Sprt(self.noise, self.noise + self.group_drop, self.alpha / 2 / max(1, groups), self.beta, most)
 
     def problems(self) -> list[str]:
+        """What is out of range, each named by the option (module sglang_quality_eval's; the role's variables are
+        rollout_quality_gate_<option>)."""
         out = []
         if not 0 < self.noise < 1:
-            out.append(f"noise (the healthy regression rate) must be in (0, 1), got {self.noise:g}")
+            out.append(f"noise (a healthy canary's regression rate) must be in (0, 1), got {self.noise:g}")
         if not 0 < self.drop < 1 - self.noise:
-            out.append(f"drop must be in (0, 1 - noise), got {self.drop:g}")
+            out.append(f"allowed_drop must be in (0, 1 - noise), got {self.drop:g}")
         if not 0 < self.group_drop < 1 - self.noise:
             out.append(f"group_drop must be in (0, 1 - noise), got {self.group_drop:g}")
         if not 0 < self.alpha < 0.5:
-            out.append(f"the false-rollback rate must be in (0, 0.5), got {self.alpha:g}")
+            out.append(f"false_rollback must be in (0, 0.5), got {self.alpha:g}")
         if not 0 < self.beta < 0.5:
-            out.append(f"the miss rate must be in (0, 0.5), got {self.beta:g}")
+            out.append(f"miss must be in (0, 0.5), got {self.beta:g}")
         if self.max_items < 1:
             out.append(f"max_items must be at least 1, got {self.max_items}")
         return out

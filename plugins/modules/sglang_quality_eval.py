@@ -5,15 +5,22 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: sglang_quality_eval
-short_description: Score an SGLang server on an evaluation set with exact answers, against a stored baseline
+short_description: Judge an SGLang server on an evaluation set with exact answers by a sequential test against its baseline
 description:
-  - Asks every item of I(eval_set) at temperature 0 through the server's C(/v1/chat/completions) (several at once,
+  - Asks items of I(eval_set) at temperature 0 through the server's C(/v1/chat/completions) (several at once,
     I(concurrency)), takes the answer (C(content); with a reasoning parser the thinking is C(reasoning_content) and
     not the answer) and matches it with the item's matcher, C(exact) (normalised text, or one of the item's
-    C(aliases)) or C(numeric) (the answer's last number within the item's C(tolerance)).
-  - The score is the share of exact answers. With I(baseline), the verdict C(ok) is whether the score is at least
-    the baseline's score minus I(allowed_drop); C(reason) names the score, the baseline, the floor and the worst
-    items (prompt, expected, got), the regressions (items the baseline answered right) first.
+    C(aliases); with the item's C(script), an answer with a replacement character or letters of another script says
+    so), C(numeric) (the answer's last number within the item's C(tolerance)) or C(json) (a tool call, one JSON
+    object C({name, arguments}) whose arguments validate against the item's C(schema) and equal the expected ones).
+  - Without I(baseline) (a baseline run) every item is asked and C(baseline_record) is the run as a baseline.
+  - With I(baseline), only items the baseline answered right are asked, each item group's in a random order
+    (I(seed)), the groups in turn, until a sequential probability ratio test on regressions (items the baseline
+    answered right, now wrong) decides - one test over all items (a healthy regression rate I(noise) against
+    I(noise) + I(allowed_drop)) and one per item group (against I(noise) + I(group_drop)), I(false_rollback) split
+    between them, each with miss rate I(miss), at most I(max_items) items. C(ok) is whether every test passed;
+    C(reason) names the test that failed, the regressions per group, the error rates of these settings (computed
+    exactly) and the worst items (prompt, expected, got, why). docs/quality-gate.md.
   - Reads C(/get_server_info); when the engine runs with C(--enable-nan-detection) (0.5.9, 0.5.10), or the unit's
     environment sets C(SGLANG_SANITIZE_NAN_LOGITS) or C(SGLANG_ENABLE_NAN_LOGITS_CHECK) (0.5.23), and I(unit) is
     set, the journal of the unit's running start is searched for SGLang's NaN lines (I(nan_patterns)); any such line
@@ -41,7 +48,7 @@ options:
   eval_set:
     description:
       - "The evaluation set: C({schema: gpufleet.quality_eval/v1, name, items: [{id, prompt, expected, match, tolerance,
-        aliases, max_tokens}]}) (roles/rollout/files/quality_eval/gpufleet-eval-v1.json)."
+        aliases, max_tokens}]}) (roles/rollout/files/quality_eval/gpufleet-eval-v2.json)."
     type: dict
     required: true
   max_tokens:
@@ -84,10 +91,34 @@ options:
     description: "The stored baseline (C(gpufleet.quality_baseline/v1)); empty = measure only (C(ok) is null)."
     type: dict
     default: {}
+  noise:
+    description: "The share of the items the baseline answered right that a healthy server gets wrong (the test's H0)."
+    type: float
+    default: 0.01
   allowed_drop:
-    description: "How far below the baseline's score (a share, 0-1) the score may be."
+    description: "The accuracy drop over all items the overall test must catch (its H1 is I(noise) + I(allowed_drop))."
     type: float
     default: 0.05
+  group_drop:
+    description: "The accuracy drop confined to one item group each group's test must catch."
+    type: float
+    default: 0.25
+  false_rollback:
+    description: "How often a healthy server may fail the gate, at most: half to the overall test, half shared by the groups."
+    type: float
+    default: 0.02
+  miss:
+    description: "Each test's chance of passing a server with its drop (Wald's boundary)."
+    type: float
+    default: 0.04
+  max_items:
+    description: "The most items asked (the overall test's truncation; each group's is its share, or the items it has)."
+    type: int
+    default: 240
+  seed:
+    description: "Seed of the random draw (empty = the clock); the same seed draws the same items."
+    type: str
+    default: ""
   worst:
     description: "How many failed items the verdict names."
     type: int
@@ -109,48 +140,62 @@ EXAMPLES = r"""
     base_url: http://127.0.0.1:8000
     served_name: glm-5
     secrets_file: /etc/sglang-server/secrets.env
-    eval_set: "{{ lookup('ansible.builtin.file', 'quality_eval/gpufleet-eval-v1.json') | from_json }}"
+    eval_set: "{{ lookup('ansible.builtin.file', 'quality_eval/gpufleet-eval-v2.json') | from_json }}"
     baseline: "{{ lookup('ansible.builtin.file', baseline_path) | from_json }}"
-    allowed_drop: 0.05
+    seed: "{{ rollout_run_id }}"
     unit: sglang-server.service
   register: quality
 """
 
 RETURN = r"""
 ok:
-  description: "The verdict: score >= baseline score - allowed_drop and no NaN line; null without a baseline."
+  description: "The verdict: every sequential test passed and no NaN line; null without a baseline."
   returned: always
   type: bool
 reason:
-  description: "Score, baseline, floor, NaN lines and the worst items, in one line."
+  description: "The test that decided, the regressions per group, the settings' error rates, NaN lines, the worst items."
   returned: always
   type: str
 score:
-  description: "Share of exact answers (0-1)."
+  description: "Share of exact answers among the items the decision used (0-1)."
   returned: always
   type: float
 correct:
-  description: "Items answered exactly."
+  description: "Items answered exactly (of those the decision used)."
   returned: always
   type: int
 total:
-  description: "Items asked."
+  description: "Items the decision used (answers still in flight at the decision are in RV(items), C(counted) false)."
   returned: always
   type: int
 baseline_score:
   description: "The baseline's score (null without one)."
   returned: always
   type: float
-floor:
-  description: "baseline_score - allowed_drop (null without a baseline)."
+decision:
+  description:
+    - "Per test (C(all) and each group): items, regressions, decided_after, regressions_then, verdict, healthy_rate,
+      degraded_rate, alpha, max_items."
   returned: always
-  type: float
+  type: dict
+failed_group:
+  description: "The test that failed: a group's name, or C(all) (null when none failed)."
+  returned: always
+  type: str
+rates:
+  description: "Error rates of these settings, computed exactly: false_rollback, detection, group_detection, expected_items_healthy."
+  returned: always
+  type: dict
+seed:
+  description: "The seed of the random draw."
+  returned: always
+  type: str
 worst:
-  description: "Failed items, regressions first: id, prompt, expected, got."
+  description: "Failed items, regressions first: id, group, prompt, expected, got, why."
   returned: always
   type: list
 items:
-  description: "Every item: id, prompt, expected, match, got, ok, seconds (error when there was no completion)."
+  description: "Every item asked: id, group, prompt, expected, match, got, ok, why, seconds (error when there was no completion)."
   returned: always
   type: list
 nan_detection:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests/support"))
 
 NAME = "t-quality"
 WORK, SERVERS, CANARY, SECOND, GATEWAY, BASELINES, EXTRA_ENV = fleet_lab.canary_lab(NAME)
-EVAL_SET = json.loads((ROOT / "roles/rollout/files/quality_eval/gpufleet-eval-v1.json").read_text())
+EVAL_SET = json.loads((ROOT / "roles/rollout/files/quality_eval/gpufleet-eval-v2.json").read_text())
 CHANGE = {"chunked-prefill-size": 8192}
 
 

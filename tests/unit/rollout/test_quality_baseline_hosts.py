@@ -18,7 +18,9 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_quality_eval
 from role_flags import local_ansible_env  # tests/support
 
 REPO = Path(__file__).resolve().parents[3]
-EVAL_SET = json.loads((REPO / "roles/rollout/files/quality_eval/gpufleet-eval-v1.json").read_text())
+# The issue's case was a set of 38 items: the first 38 of the project's set (the rule does not depend on the items)
+_PROJECT_SET = json.loads((REPO / "roles/rollout/files/quality_eval/gpufleet-eval-v2.json").read_text())
+EVAL_SET = {**_PROJECT_SET, "items": _PROJECT_SET["items"][:38]}
 IDS = [item["id"] for item in EVAL_SET["items"]]
 H200 = {"gpu_class": "NVIDIA H200 x8", "model": "glm-5", "lane": "sglang-cu128"}
 FILE = "nvidia-h200-x8--glm-5--sglang-cu128.json"
@@ -33,12 +35,12 @@ def record(host: str, missed=(), key=H200) -> dict:
 def test_hosts_that_disagree_write_no_baseline_and_each_hosts_score_is_named():
     """The issue's case: gpu-01 37/38 first in the inventory, gpu-02 and gpu-03 38/38. The first host's 0.974 used to
     become the baseline (and a lower floor) without a word."""
-    records = [record("gpu-01", missed=["arith-03"]), record("gpu-02"), record("gpu-03")]
+    records = [record("gpu-01", missed=["arith-003"]), record("gpu-02"), record("gpu-03")]
     out = rollout_quality_baselines(records, "agree")
     assert out["write"] == [] and out["warnings"] == []
     assert out["refused"] == [
         "NVIDIA H200 x8, glm-5, sglang-cu128: the hosts disagree: gpu-01 0.974 (37/38), gpu-02 1.000 (38/38), "
-        "gpu-03 1.000 (38/38) (gpu-01 missed arith-03, which gpu-02 answered)"
+        "gpu-03 1.000 (38/38) (gpu-01 missed arith-003, which gpu-02 answered)"
     ]
     # another key whose hosts agree is not written either: the run writes all its baselines or none
     b200 = {**H200, "gpu_class": "NVIDIA B200 x8"}
@@ -47,7 +49,7 @@ def test_hosts_that_disagree_write_no_baseline_and_each_hosts_score_is_named():
 
 
 def test_hosts_that_agree_write_one_baseline_listing_every_host():
-    out = rollout_quality_baselines([record("gpu-01", ["date-02"]), record("gpu-02", ["date-02"])], "agree")
+    out = rollout_quality_baselines([record("gpu-01", ["arith-012"]), record("gpu-02", ["arith-012"])], "agree")
     assert out["refused"] == [] and out["warnings"] == []
     (written,) = out["write"]
     assert written["file"] == FILE
@@ -59,10 +61,10 @@ def test_hosts_that_agree_write_one_baseline_listing_every_host():
 @pytest.mark.parametrize(
     ("rule", "missed", "host", "correct"),
     [
-        ("max", {"gpu-01": ["arith-03"]}, "gpu-02", 38),
-        ("median", {"gpu-01": ["arith-03"]}, "gpu-02", 38),
-        ("median", {"gpu-01": ["arith-03", "date-01"], "gpu-02": ["arith-03"]}, "gpu-02", 37),
-        ("median", {"gpu-02": ["arith-03"], "gpu-03": ["arith-03"]}, "gpu-02", 37),
+        ("max", {"gpu-01": ["arith-003"]}, "gpu-02", 38),
+        ("median", {"gpu-01": ["arith-003"]}, "gpu-02", 38),
+        ("median", {"gpu-01": ["arith-003", "arith-011"], "gpu-02": ["arith-003"]}, "gpu-02", 37),
+        ("median", {"gpu-02": ["arith-003"], "gpu-03": ["arith-003"]}, "gpu-02", 37),
     ],
     ids=["max", "median-one-low", "median-of-three-scores", "median-two-low"],
 )
@@ -84,7 +86,7 @@ def test_max_and_median_write_the_chosen_hosts_record_and_warn(rule, missed, hos
 
 
 def test_the_median_of_two_hosts_is_the_higher():
-    out = rollout_quality_baselines([record("gpu-01", ["arith-03"]), record("gpu-02")], "median")
+    out = rollout_quality_baselines([record("gpu-01", ["arith-003"]), record("gpu-02")], "median")
     assert out["write"][0]["record"]["host"] == "gpu-02"
 
 
@@ -105,7 +107,7 @@ def baseline_run(tmp_path: Path, rule: str) -> tuple[subprocess.CompletedProcess
     (tmp_path / "tasks.yml").write_text(yaml.safe_dump(tasks[start:], sort_keys=False))
     hosts = {
         h: {"ansible_connection": "local", "rollout_quality_measured": {"baseline_record": record(h, missed)}}
-        for h, missed in (("gpu-01", ["arith-03"]), ("gpu-02", []), ("gpu-03", []))
+        for h, missed in (("gpu-01", ["arith-003"]), ("gpu-02", []), ("gpu-03", []))
     }
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
     play = [
@@ -134,7 +136,7 @@ def test_the_baseline_run_refuses_hosts_that_disagree_and_writes_nothing(tmp_pat
     assert (
         "QUALITY BASELINE NOT WRITTEN (rollout_quality_gate_baseline_rule=agree): NVIDIA H200 x8, glm-5, sglang-cu128: "
         "the hosts disagree: gpu-01 0.974 (37/38), gpu-02 1.000 (38/38), gpu-03 1.000 (38/38) (gpu-01 missed "
-        "arith-03, which gpu-02 answered)" in text
+        "arith-003, which gpu-02 answered)" in text
     ), text[-3000:]
     assert "choose -e rollout_quality_gate_baseline_rule=median" in text
     assert not out.exists()

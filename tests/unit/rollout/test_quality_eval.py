@@ -280,7 +280,7 @@ def test_a_baseline_too_thin_for_the_test_is_refused_naming_the_group():
         "group tool_json: the baseline answered 5 items right; its test needs 12"
     ]
     assert q.gate_problems(EVAL_SET, BASELINE, q.GateSettings(noise=0.2, drop=0.9)) == [
-        "drop must be in (0, 1 - noise), got 0.9"
+        "allowed_drop must be in (0, 1 - noise), got 0.9"
     ]
 
 

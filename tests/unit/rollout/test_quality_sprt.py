@@ -103,6 +103,6 @@ def test_a_group_whose_test_passed_is_not_asked_again_while_the_overall_test_run
 
 def test_settings_out_of_range_are_named():
     assert s.GateSettings(noise=0, alpha=0.6).problems() == [
-        "noise (the healthy regression rate) must be in (0, 1), got 0",
-        "the false-rollback rate must be in (0, 0.5), got 0.6",
+        "noise (a healthy canary's regression rate) must be in (0, 1), got 0",
+        "false_rollback must be in (0, 0.5), got 0.6",
     ]

@@ -1,7 +1,8 @@
 """sglang-sim's answers to the rollout quality gate's evaluation set (lab equipment, sglang_sim.quality): a healthy
-engine computes every item right; wrong-answer makes every computed answer wrong; partial-quality=SHARE makes a
-deterministic share wrong (at start or at runtime, through SGLANG_SIM_FAULT_FILE) and leaves the smoke check's
-capital of France right."""
+engine computes every item right (four groups: arithmetic, facts, multilingual, tool calls); wrong-answer makes every
+computed answer wrong; partial-quality=SHARE makes a deterministic share wrong (at start or at runtime, through
+SGLANG_SIM_FAULT_FILE) and leaves the smoke check's capital of France right; partial-quality-<group>=SHARE confines it
+to one group; non-english-corruption spoils non-English text and tool-call JSON only, as the gate's matchers see it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from sglang_sim import faults, quality, textgen
 
 REPO = Path(__file__).resolve().parents[3]
-EVAL_SET = json.loads((REPO / "roles/rollout/files/quality_eval/gpufleet-eval-v1.json").read_text())
+EVAL_SET = json.loads((REPO / "roles/rollout/files/quality_eval/gpufleet-eval-v2.json").read_text())
 ITEMS = EVAL_SET["items"]
 
 
@@ -34,7 +35,10 @@ def fresh_fault_source(monkeypatch):
 def test_a_healthy_engine_answers_every_item_of_the_evaluation_set():
     answers = {i["id"]: textgen.answer(i["prompt"]) for i in ITEMS}
     assert [i["id"] for i in ITEMS if not right(i, answers[i["id"]])] == []
-    assert answers["capital-04"] == "Brasília" and answers["arith-01"] == "781"
+    assert answers["capital-004"] == "Brasília" and answers["arith-001"] == "935"
+    assert answers["weekday-lang-001"] == "土曜日"
+    assert json.loads(answers["tool-002"]) == {"name": "set_timer", "arguments": {"minutes": 43, "label": "thé",
+                                                                                  "repeat": True}}  # fmt: skip
     # other prompts keep their answers
     assert textgen.answer("What is the capital of France?") == textgen.PARIS
     assert textgen.answer("Tell me about rolling deploys").startswith("Simulated answer ")
@@ -43,7 +47,7 @@ def test_a_healthy_engine_answers_every_item_of_the_evaluation_set():
 def test_wrong_answer_makes_every_computed_answer_wrong_and_plausible():
     wrong = {i["id"]: textgen.answer(i["prompt"], wrong=True) for i in ITEMS}
     assert [i["id"] for i in ITEMS if right(i, wrong[i["id"]])] == []
-    assert wrong["arith-01"] == "782" and wrong["capital-01"] == "Osaka"
+    assert wrong["arith-001"] == "936" and wrong["capital-001"] == "Osaka"
 
 
 def test_partial_quality_is_a_deterministic_share(monkeypatch):
@@ -57,6 +61,29 @@ def test_partial_quality_is_a_deterministic_share(monkeypatch):
     assert sorted(i["id"] for i in ITEMS if not right(i, textgen.answer(i["prompt"]))) == bad
     assert set(bad) <= {i["id"] for i in ITEMS if quality.degraded(i["prompt"], 0.9)}
     assert [i for i in ITEMS if quality.degraded(i["prompt"], 1.0)] == ITEMS
+
+
+def test_partial_quality_of_one_group_leaves_the_others_right(monkeypatch):
+    monkeypatch.setenv("SGLANG_SIM_FAULT", "partial-quality-tool-json=0.5")
+    bad = {i["group"] for i in ITEMS if not right(i, textgen.answer(i["prompt"]))}
+    assert bad == {"tool_json"}
+    assert faults.parse_faults("partial-quality-tool-json=0.5").names() == ["partial-quality-tool-json=0.5"]
+
+
+def test_non_english_corruption_spoils_non_english_text_and_tool_json_only(monkeypatch):
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_quality_eval import check_answer
+
+    monkeypatch.setenv("SGLANG_SIM_FAULT", "non-english-corruption")
+    results = {i["id"]: (i, check_answer(i, textgen.answer(i["prompt"]))) for i in ITEMS}
+    wrong = [(i, why) for i, (ok, why) in results.values() if not ok]
+    # every answer with a non-ASCII letter (one capital, Brasília, among the facts) and every tool call
+    assert {i["group"] for i, _ in wrong} == {"facts", "multilingual", "tool_json"}
+    assert [i["id"] for i, _ in wrong if i["group"] == "facts"] == ["capital-004"]
+    assert all(not i["expected"].isascii() for i, _ in wrong if i["group"] == "multilingual")
+    assert all(ok for i, (ok, _) in results.values() if i["group"] == "multilingual" and i["expected"].isascii())
+    assert len([1 for i, _ in wrong if i["group"] == "tool_json"]) == 100
+    whys = {why.split(":")[0].split(" (")[0] for i, why in wrong if i["group"] != "facts"}
+    assert whys == {"a replacement character", "a script mix-up", "not a JSON object"}
 
 
 def test_partial_quality_at_runtime_through_the_fault_file(tmp_path, monkeypatch):

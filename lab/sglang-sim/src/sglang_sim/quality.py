@@ -31,6 +31,7 @@ import hashlib
 import json
 import math
 import re
+import unicodedata
 
 from .faults import Faults, FaultSource, from_env
 
@@ -155,20 +156,21 @@ def share_for(shape: str, faults: Faults) -> float:
 
 
 def corrupt(text: str, prompt: str) -> str:
-    """non-english-corruption of an answer: one non-ASCII letter replaced by U+FFFD or a look-alike letter of
-    another script (chosen by the prompt's hash), or a Han answer followed by a stray Latin letter; ASCII answers
-    stay as they are."""
+    """non-english-corruption of an answer: by the prompt's hash, either one non-ASCII letter replaced by U+FFFD, or
+    a Han answer followed by a stray Latin letter, or a letter replaced by its look-alike of another script (Latin
+    and Cyrillic, Greek to Latin); ASCII answers stay as they are."""
     letters = [i for i, c in enumerate(text) if c.isalpha() and not c.isascii()]
     if not letters:
         return text
     digest = int(hashlib.sha256(("corrupt:" + prompt).encode("utf-8", "replace")).hexdigest()[:8], 16)
-    swap = [i for i in range(len(text)) if text[i].lower() in LOOKALIKE]
-    if digest % 2 and swap:
-        i = swap[digest % len(swap)]
-        return text[:i] + LOOKALIKE[text[i].lower()] + text[i + 1 :]
-    i = letters[digest % len(letters)]
     if digest % 2:
-        return text + "a"  # a stray Latin letter after Han ones
+        if any("CJK" in unicodedata.name(c, "") for c in text):
+            return text + "a"  # a stray Latin letter after Han ones
+        swap = [i for i in range(len(text)) if text[i].lower() in LOOKALIKE]
+        if swap:
+            i = swap[digest % len(swap)]
+            return text[:i] + LOOKALIKE[text[i].lower()] + text[i + 1 :]
+    i = letters[digest % len(letters)]
     return text[:i] + "\ufffd" + text[i + 1 :]
 
 
