@@ -7,11 +7,12 @@ In order, on the same lab (one bring-up):
 2. -e rollout_quality_gate_write_baseline=true scores both servers as they run and writes the baseline (score 1.0);
    nothing restarts;
 3. a rollout of a flag change whose canary carries a planted partial-quality drop (SGLANG_SIM_FAULT=partial-quality=
-   0.5, which the smoke check's one prompt does not see) stops after the canary: the gate's refusal names the score,
-   the baseline and the worst items (prompt, expected, got), the canary serves the old release again (the unit as
-   before the run, a new start, back in the router), the second host is untouched; the rollout report and
-   reports/<fleet>/quality/<canary>.json say so;
-4. the same flag change without the fault passes the gate (score 1.0) and reaches both hosts.
+   0.5, which the smoke check's one prompt does not see) stops after the canary: the gate's refusal names the
+   sequential test that failed, the regressions per item group, the baseline, the test's error rates and the worst
+   items (prompt, expected, got), the canary serves the old release again (the unit as before the run, a new start,
+   back in the router), the second host is untouched; the rollout report and reports/<fleet>/quality/<canary>.json
+   say so;
+4. the same flag change without the fault passes the gate (every test passed, no regression) and reaches both hosts.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def test_a_baseline_run_scores_the_servers_as_they_run_and_restarts_nothing(flee
     assert (baseline["model"], baseline["lane"], baseline["host"]) == ("glm-5", "lab-sim", CANARY)
     assert baseline["score"] == 1.0 and baseline["total"] == len(EVAL_SET["items"])
     assert baseline["hosts"] == {CANARY: 1.0, SECOND: 1.0}
-    written = f"QUALITY BASELINE written (nothing restarted): {baseline_file}: score 1.000 (38/38) from {CANARY}"
+    written = f"QUALITY BASELINE written (nothing restarted): {baseline_file}: score 1.000 (400/400) from {CANARY}"
     assert written in seen(proc)
     for h in SERVERS:
         assert json.loads((WORK / f"reports/quality/{h}.json").read_text())["baseline_run"] is True
@@ -110,18 +111,20 @@ def test_a_partial_quality_drop_on_the_canary_rolls_it_back_and_stops_the_rollou
     assert report["hosts"] == {CANARY: "quality_rolled_back", SECOND: "untouched"}
     verdict = report["quality_gate"][CANARY]
     assert verdict["ok"] is False and verdict["rolled_back"] is True
-    assert verdict["baseline_score"] == 1.0 and verdict["floor"] == 0.95 and verdict["score"] < 0.95
+    assert verdict["baseline_score"] == 1.0 and verdict["score"] < 0.95 and verdict["failed_group"]
+    assert verdict["seed"] == f"{report['run_id']}-{CANARY}"  # the draw can be repeated
     worst = verdict["worst"]
-    assert len(worst) == 5 and all(w["prompt"] and w["got"] and w["expected"] is not None for w in worst)
-    # what the operator reads: the score, the baseline and the worst items (prompt, expected, got), then the rollback
+    assert 1 <= len(worst) <= 5 and all(w["prompt"] and w["got"] and w["expected"] is not None for w in worst)
+    # what the operator reads: the test that failed, the regressions per group, the baseline, the test's error rates,
+    # the worst items (prompt, expected, got), then the rollback
     message = report["messages"][CANARY]
     assert message.startswith(f"QUALITY GATE REFUSED {CANARY} (")
-    assert (
-        f"score {verdict['score']:.3f} ({verdict['correct']}/38 exact) against the baseline 1.000 (38/38, " in message
+    assert "the sequential test found a " in message and " items the baseline answered right (by group: arithmetic " in (
+        message
     )
-    assert "floor 0.950 (allowed drop 0.050); worst items: " in message
+    assert "baseline 1.000 (400/400, " in message and "the test: a healthy canary rolled back at most " in message
     first = worst[0]
-    assert f"[{first['id']}] {first['prompt']!r}: expected {first['expected']!r}, got {first['got']!r}" in message
+    assert f"[{first['id']}] {first['prompt'][:100]!r}: expected {first['expected']!r}, got {first['got']!r}" in message
     assert "==> ROLLED BACK to release " in message and flat(message) in out
     # The canary serves the old release again: the unit it had before the run (no fault, no new flag), started anew
     # (the gate's rollback), proven, and back in the router; the second host was never touched.
@@ -142,7 +145,8 @@ def test_the_same_change_without_the_fault_passes_the_gate_and_reaches_every_hos
     proc = play("playbooks/rollout.yml", extra=gated())
     out = seen(proc)
     assert proc.returncode == 0, proc.stdout[-4000:]
-    assert f"QUALITY GATE PASSED {CANARY}: score 1.000 (38/38 exact) against the baseline 1.000" in out
+    assert f"QUALITY GATE PASSED {CANARY}: passed the sequential test after " in out
+    assert " items: 0 regressions in items the baseline answered right (by group: arithmetic 0/" in out
     report = json.loads((WORK / "reports/rollout/last.json").read_text())
     assert report["result"] == "ok" and report["hosts"] == {CANARY: "updated", SECOND: "updated"}
     assert report["quality_gate"][CANARY]["ok"] is True and report["quality_gate"][CANARY]["score"] == 1.0
