@@ -417,8 +417,8 @@ def judge(measured: dict, baseline: dict, gate: GateRun | None = None, worst_lim
             else f"a {settings.group_drop * 100:g}-point drop in group {by}"
         )
         head = (
-            f"the sequential test found {what}: {test['regressions_then']} regressions in {test['decided_after']} "
-            f"items the baseline answered right"
+            f"the sequential test for {what} failed it: {test['regressions_then']} regressions in "
+            f"{test['decided_after']} items the baseline answered right"
         )
     else:
         head = (

@@ -119,7 +119,7 @@ def test_a_partial_quality_drop_on_the_canary_rolls_it_back_and_stops_the_rollou
     # the worst items (prompt, expected, got), then the rollback
     message = report["messages"][CANARY]
     assert message.startswith(f"QUALITY GATE REFUSED {CANARY} (")
-    assert "the sequential test found a " in message and " items the baseline answered right (by group: arithmetic " in (
+    assert "the sequential test for a " in message and " items the baseline answered right (by group: arithmetic " in (
         message
     )
     assert "baseline 1.000 (400/400, " in message and "the test: a healthy canary rolled back at most " in message

@@ -244,7 +244,7 @@ def test_a_regression_confined_to_one_group_fails_its_test_naming_the_group_and_
     verdict = q.judge({"items": results}, BASELINE, gate, worst_limit=2)
     assert verdict["ok"] is False and verdict["failed_group"] == "multilingual"
     assert verdict["reason"].startswith(
-        "the sequential test found a 25-point drop in group multilingual: 2 regressions in 3 items the baseline "
+        "the sequential test for a 25-point drop in group multilingual failed it: 2 regressions in 3 items the baseline "
         "answered right (by group: arithmetic 0/3, facts 0/3, multilingual 2/3, tool_json 0/2)"
     )
     assert "(a script mix-up: Latin letters in an answer expected in Cyrillic)" in verdict["reason"]
@@ -256,7 +256,7 @@ def test_a_uniform_drop_fails_the_overall_test():
     gate, results = feed([(GROUPS[n % 4], n % 13 == 12) for n in range(240)])
     assert gate.verdict == "fail" and gate.failed_by == "all"
     verdict = q.judge({"items": results}, BASELINE, gate)
-    assert verdict["reason"].startswith("the sequential test found a 5-point drop over all groups: ")
+    assert verdict["reason"].startswith("the sequential test for a 5-point drop over all groups failed it: ")
 
 
 def test_nan_lines_fail_the_verdict_whatever_the_answers():
@@ -427,7 +427,7 @@ def test_a_partial_quality_drop_fails_against_the_baseline_naming_the_worst_item
     wrong = sorted(r["id"] for r in counted if degraded(r["prompt"], 0.5))
     assert wrong and sorted(r["id"] for r in counted if not r["ok"]) == wrong
     assert result["ok"] is False and result["total"] == len(counted) < 20
-    assert result["reason"].startswith("the sequential test found a ")
+    assert result["reason"].startswith("the sequential test for a ")
     worst = result["worst"]
     assert len(worst) == 3 and [w["id"] for w in worst] == wrong[:3]
     for w in worst:
@@ -447,7 +447,7 @@ def test_a_loss_confined_to_one_group_is_caught_by_its_groups_test(serve, run_mo
     assert result["ok"] is False and result["failed_group"] in groups, result["reason"]
     counted = [r for r in result["items"] if r.get("counted", True)]
     assert {r["group"] for r in counted if not r["ok"]} <= groups
-    assert f"drop in group {result['failed_group']}: " in result["reason"]
+    assert f"drop in group {result['failed_group']} failed it: " in result["reason"]
     if fault == "non-english-corruption":
         assert all(r["why"] for r in counted if not r["ok"])  # a replacement character, a script mix-up, bad JSON
 
