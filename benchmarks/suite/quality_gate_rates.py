@@ -14,7 +14,12 @@ degradations of known size.
    The size of each degradation is what the engine actually got wrong (its realised share of the items the
    baseline, a healthy engine's run, answered right), overall and per group. Rates come with Wilson 95% intervals.
 
-    python benchmarks/suite/quality_gate_rates.py [--runs 2000] [--e2e 20]
+3. **The logprob comparison, calibrated**: a baseline of the fixed prompts' top-k log-probabilities from a healthy
+   simulated engine, then ``--logprob-runs`` runs of the comparison (``ask_logprobs`` + ``compare_logprobs``)
+   against a second healthy engine and against engines whose kernel is off by 0.05% to 1% (the simulator's
+   ``kernel-perturbation``): the divergence each gives and how often the default bound passes it.
+
+    python benchmarks/suite/quality_gate_rates.py [--runs 2000] [--e2e 20] [--logprob-runs 10]
         [--output benchmarks/results/quality_gate_rates.json]
 """
 
@@ -128,16 +133,46 @@ def replay(answers: dict, baseline: dict, settings: sprt.GateSettings, seed: str
     return gate.verdict or gate.finish(), gate.failed_by, used
 
 
+def logprob_calibration(tmp: Path, runs: int) -> dict:
+    """The comparison's divergence against a healthy baseline: a second healthy engine, and kernels off by SIZE."""
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_http import http
+
+    bound = q.EVAL_OPTIONS["logprob_max_divergence"]["default"]
+    top_k = q.EVAL_OPTIONS["logprob_top_k"]["default"]
+
+    def asked(p: dict) -> list[dict]:
+        def post(body):
+            return http("POST", p["base_url"] + "/v1/chat/completions", body=body, headers={}, timeout=60)
+
+        return [q.ask_logprobs(post, x, "glm-5", top_k) for x in EVAL_SET["logprob_prompts"]]
+
+    with engine("", tmp) as p:
+        baseline = asked(p)
+    out = {"bound": bound, "top_k": top_k, "prompts": len(EVAL_SET["logprob_prompts"]), "runs": runs, "sizes": []}
+    for size in (0.0, 0.0005, 0.001, 0.002, 0.005, 0.01):
+        with engine(f"kernel-perturbation={size}" if size else "", tmp) as p:
+            found = [q.compare_logprobs(baseline, asked(p), bound) for _ in range(runs)]
+        values = sorted(f["divergence"] for f in found)
+        row = {"kernel_perturbation": size, "divergence_min": values[0], "divergence_median": values[len(values) // 2],
+               "divergence_max": values[-1], "passed": sum(f["ok"] for f in found), "of": runs}  # fmt: skip
+        out["sizes"].append(row)
+        print(f"kernel off by {size:<7g} divergence {row['divergence_min']}-{row['divergence_max']} "
+              f"(median {row['divergence_median']}): passed {row['passed']}/{runs} at the bound {bound}")  # fmt: skip
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=2000, help="replays of the gate per planted fault")
     ap.add_argument("--e2e", type=int, default=20, help="whole module runs per fault compared with the replay")
+    ap.add_argument("--logprob-runs", type=int, default=10, help="logprob comparisons per kernel perturbation")
     ap.add_argument("--output", default=str(ROOT / "benchmarks/results/quality_gate_rates.json"))
     args = ap.parse_args(argv)
     settings = sprt.GateSettings()
     started = time.monotonic()
     result = {
-        "command": f"python benchmarks/suite/quality_gate_rates.py --runs {args.runs} --e2e {args.e2e}",
+        "command": f"python benchmarks/suite/quality_gate_rates.py --runs {args.runs} --e2e {args.e2e} "
+        f"--logprob-runs {args.logprob_runs}",
         "eval_set": EVAL_SET["name"],
         "items": len(EVAL_SET["items"]),
         "settings": {"noise": settings.noise, "allowed_drop": settings.drop, "group_drop": settings.group_drop,
@@ -189,6 +224,7 @@ def main(argv=None) -> int:
             print(f"{name:24} realised {realised['all']:.3f}: rolled back {fails}/{args.runs} = {row['rollback_rate']} "
                   f"{row['rollback_rate_95']}, items mean {row['items_mean']} p95 {row['items_p95']}, failed by {by}, "
                   f"module runs agreeing {row['module_runs_agreeing']}")  # fmt: skip
+        result["logprob_calibration"] = logprob_calibration(Path(tmp), args.logprob_runs)
     result["seconds"] = round(time.monotonic() - started, 1)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")

@@ -95,6 +95,9 @@ EVAL_OPTIONS = {
     "miss": {"type": "float", "default": 0.04},
     "max_items": {"type": "int", "default": 240},
     "seed": {"type": "str", "default": ""},
+    # the logprob comparison (0 = off)
+    "logprob_top_k": {"type": "int", "default": 5},
+    "logprob_max_divergence": {"type": "float", "default": 0.02},
     "worst": {"type": "int", "default": 5},
     "key": {"type": "dict", "default": {}, "no_log": False},
     "host": {"type": "str", "default": ""},
@@ -162,12 +165,21 @@ def check_eval_set(data) -> list[str]:
         tol = item.get("tolerance", 0)
         if not isinstance(tol, (int, float)) or isinstance(tol, bool) or tol < 0:
             problems.append(f"{where}: tolerance must be a number >= 0 (got {tol!r})")
+    prompts = data.get("logprob_prompts", [])
+    if not isinstance(prompts, list) or not all(
+        isinstance(x, dict) and str(x.get("id") or "") and str(x.get("prompt") or "").strip() for x in prompts
+    ):
+        problems.append("logprob_prompts must be a list of {id, prompt, max_tokens}")
     return problems
 
 
 def eval_set_digest(data: dict) -> str:
-    """sha256 of the items as canonical JSON: a baseline is only comparable with a run of the same items."""
-    canon = json.dumps(data.get("items", []), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    """sha256 of the items (and the logprob prompts, where there are any) as canonical JSON: a baseline is only
+    comparable with a run of the same items."""
+    content = data.get("items", [])
+    if data.get("logprob_prompts"):
+        content = {"items": content, "logprob_prompts": data["logprob_prompts"]}
+    canon = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
@@ -379,11 +391,14 @@ def _counts(summary: dict) -> str:
     return ", ".join(f"{g} {v['regressions']}/{v['items']}" for g, v in summary.items() if g != "all")
 
 
-def judge(measured: dict, baseline: dict, gate: GateRun | None = None, worst_limit: int = 5) -> dict:
+def judge(
+    measured: dict, baseline: dict, gate: GateRun | None = None, worst_limit: int = 5, logprob: dict | None = None
+) -> dict:
     """The verdict of a run against its baseline: ``ok`` when the sequential test passed (``gate``, fed the answers
-    in draw order) and the journal has no NaN line; ``reason`` names the test that decided, the regressions per
-    group, the worst items and the error rates the settings give. ``baseline`` empty: ``ok`` None (measured only:
-    a baseline run)."""
+    in draw order), the journal has no NaN line and the logprob comparison (``logprob``, compare_logprobs) passed or
+    was not judged; ``reason`` names the test that decided, the regressions per group, the error rates the settings
+    give, the logprob comparison and the worst items. ``baseline`` empty: ``ok`` None (measured only: a baseline
+    run)."""
     results = measured.get("items", [])
     got = score(results)
     worst = worst_items(results, baseline, worst_limit)
@@ -397,6 +412,7 @@ def judge(measured: dict, baseline: dict, gate: GateRun | None = None, worst_lim
         "decision": {},
         "failed_group": None,
         "rates": {},
+        "logprob": logprob or {},
     }
     nan = measured.get("nan_lines") or []
     if not baseline or gate is None:
@@ -434,10 +450,13 @@ def judge(measured: dict, baseline: dict, gate: GateRun | None = None, worst_lim
     ]
     if nan:
         parts.append(f"{len(nan)} NaN line(s) in the engine's journal since its start, first: {nan[0]}")
+    logprob_failed = bool(logprob) and not logprob.get("skipped") and not logprob.get("advisory") and not logprob["ok"]
+    if logprob:
+        parts.append(describe_logprobs(logprob))
     if worst:
         parts.append("worst items: " + describe_worst(worst))
     verdict.update(
-        ok=decided == "pass" and not nan,
+        ok=decided == "pass" and not nan and not logprob_failed,
         baseline_score=base,
         reason="; ".join(parts),
         decision=summary,
@@ -465,6 +484,77 @@ def baseline_problems(baseline, key: dict, digest: str, path: str) -> list[str]:
     return problems
 
 
+# ---------------------------------------------------------------- the logprob comparison
+
+
+def ask_logprobs(post, prompt: dict, served_name: str, top_k: int) -> dict:
+    """One fixed prompt at temperature 0 with ``logprobs``: ``{id, tokens, top}`` (``top``: per output token its
+    ``[[token, logprob], ...]``, the top ``top_k``), or ``{id, error}``."""
+    body = {
+        "model": served_name,
+        "messages": [{"role": "user", "content": prompt["prompt"]}],
+        "temperature": 0,
+        "max_tokens": int(prompt.get("max_tokens") or 32),
+        "logprobs": True,
+        "top_logprobs": top_k,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    status, text, _secs = post(body)
+    if status != 200:
+        return {"id": prompt["id"], "error": f"HTTP {status or 'no answer'}: {text[:160]}"}
+    try:
+        content = json.loads(text)["choices"][0]["logprobs"]["content"]
+        tokens = [str(c["token"]) for c in content]
+        top = [[[str(t["token"]), float(t["logprob"])] for t in c.get("top_logprobs") or []] for c in content]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return {"id": prompt["id"], "error": "no logprobs in the answer (choices[0].logprobs.content)"}
+    return {"id": prompt["id"], "tokens": tokens, "top": top}
+
+
+def compare_logprobs(baseline: list[dict], measured: list[dict], max_divergence: float) -> dict:
+    """The canary's top-k log-probabilities against the baseline's, prompt by prompt, position by position while the
+    greedy tokens agree: ``divergence`` is the mean absolute difference of the log-probabilities of the tokens in
+    both top-k lists (the emitted one always), over every position compared; a prompt whose tokens part from the
+    baseline's is named with the position. ``ok``: divergence at most ``max_divergence``, the tokens of at most a
+    quarter of the prompts parted, every prompt answered."""
+    got = {m.get("id"): m for m in measured}
+    diffs: list[float] = []
+    parted, errors = [], []
+    for b in baseline:
+        m = got.get(b.get("id")) or {"error": "not asked"}
+        if m.get("error"):
+            errors.append(f"{b.get('id')}: {m['error']}")
+            continue
+        tokens = b.get("tokens", [])
+        for t in range(min(len(tokens), len(m["tokens"]))):
+            want, have = tokens[t], m["tokens"][t]
+            if want != have:
+                parted.append(f"{b.get('id')} at token {t} ({want!r} -> {have!r})")
+                break
+            before, now = dict(map(tuple, b["top"][t])), dict(map(tuple, m["top"][t]))
+            diffs.extend(abs(before[k] - now[k]) for k in before.keys() & now.keys())
+    divergence = round(sum(diffs) / len(diffs), 6) if diffs else None
+    ok = not errors and divergence is not None and divergence <= max_divergence and len(parted) <= len(baseline) // 4
+    return {"ok": ok, "divergence": divergence, "max_divergence": max_divergence, "compared": len(diffs),
+            "prompts": len(baseline), "parted": parted, "errors": errors}  # fmt: skip
+
+
+def describe_logprobs(result: dict) -> str:
+    if result.get("skipped"):
+        return f"logprobs not compared: {result['skipped']}"
+    words = (
+        f"logprobs against the baseline: divergence {result['divergence']} over {result['compared']} token "
+        f"log-probabilities of {result['prompts']} prompts (at most {result['max_divergence']:g})"
+    )
+    if result.get("parted"):
+        words += "; the tokens parted in " + ", ".join(result["parted"][:3])
+    if result.get("errors"):
+        words += "; no answer: " + "; ".join(result["errors"][:3])
+    if result.get("advisory"):
+        return words + f" - not judged: {result['advisory']}"
+    return words + (": passed" if result["ok"] else ": FAILED (the engine computes differently from its baseline)")
+
+
 def gate_problems(eval_set: dict, baseline: dict, settings: GateSettings) -> list[str]:
     """Why the sequential test cannot judge a canary against ``baseline``: settings out of range, or fewer items
     the baseline answered right (overall or in a group) than the test needs to pass."""
@@ -490,6 +580,7 @@ def baseline_record(measured: dict, key: dict, eval_set: dict, host: str, writte
         "nan_detection": measured.get("nan_detection"),
         **got,
         "items": [{"id": r.get("id"), "ok": bool(r.get("ok"))} for r in measured.get("items", [])],
+        "logprobs": [x for x in measured.get("logprobs", []) if not x.get("error")],
     }
 
 
@@ -556,6 +647,24 @@ def nan_journal_lines(unit: str, patterns, runner=run) -> list[str]:
     rx = [re.compile(x) for x in patterns]
     found = [msg.strip()[:300] for _ts, msg in journal_lines(unit, inv, runner) if any(r.search(msg) for r in rx)]
     return found[:20]
+
+
+def logprob_verdict(baseline: dict, asked: list[dict], engine_version: str, p: dict) -> dict:
+    """The logprob comparison of a gated run: skipped where the baseline recorded none, judged where the canary runs
+    the baseline's engine version, reported but not judged where it does not (a lane or engine upgrade changes the
+    kernels, so the numbers move by design: the answers decide)."""
+    recorded = baseline.get("logprobs") or []
+    if not recorded:
+        return {"skipped": "the baseline recorded none (write it again to have them compared)"}
+    if not asked:
+        return {"skipped": "the evaluation set has no logprob_prompts"}
+    result = compare_logprobs(recorded, asked, float(p["logprob_max_divergence"]))
+    before = str(baseline.get("engine_version", ""))
+    if before != engine_version:
+        result["advisory"] = (
+            f"the baseline's engine is {before or 'unknown'}, the canary's {engine_version or 'unknown'}"
+        )
+    return result
 
 
 def ask_in_turn(ask, order: list[dict], gate: GateRun, concurrency: int) -> list[dict]:
@@ -633,6 +742,16 @@ def run_eval(p: dict, no_log_values=None) -> dict:
         with ThreadPoolExecutor(max_workers=max(1, int(p["concurrency"]))) as pool:
             results = list(pool.map(ask, items))
     counted = [r for r in results if r.get("counted", True)]
+    top_k = int(p["logprob_top_k"] or 0)
+    asked_logprobs = []
+    if top_k > 0 and p["eval_set"].get("logprob_prompts"):
+        with ThreadPoolExecutor(max_workers=max(1, int(p["concurrency"]))) as pool:
+            asked_logprobs = list(
+                pool.map(lambda x: ask_logprobs(post, x, p["served_name"], top_k), p["eval_set"]["logprob_prompts"])
+            )
+    logprob = None
+    if p["baseline"] and top_k > 0:
+        logprob = logprob_verdict(p["baseline"], asked_logprobs, str(info.get("version", "")), p)
     # 0.5.9/0.5.10.post1 report the flag in /get_server_info; 0.5.23's checks are environment variables only (its
     # server info has no such field): the unit's environment says
     nan_detection = bool(info.get("enable_nan_detection")) if info else None
@@ -646,8 +765,9 @@ def run_eval(p: dict, no_log_values=None) -> dict:
         "nan_detection": nan_detection,
         "nan_lines": nan_lines,
         "engine_version": str(info.get("version", "")),
+        "logprobs": asked_logprobs,
     }
-    verdict = judge(measured, p["baseline"], gate, p["worst"])
+    verdict = judge(measured, p["baseline"], gate, p["worst"], logprob)
     errors = [r for r in results if r.get("error")]
     written_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return {

@@ -452,6 +452,55 @@ def test_a_loss_confined_to_one_group_is_caught_by_its_groups_test(serve, run_mo
         assert all(r["why"] for r in counted if not r["ok"])  # a replacement character, a script mix-up, bad JSON
 
 
+def test_a_second_run_of_the_trusted_version_passes_the_logprob_comparison_and_a_perturbed_kernel_fails_it(
+    serve, run_module
+):
+    healthy = serve()
+    result, failed = run_module("sglang_quality_eval", eval_args(healthy))
+    assert not failed, result
+    record = result["baseline_record"]
+    prompts = EVAL_SET["logprob_prompts"]
+    assert [x["id"] for x in record["logprobs"]] == [x["id"] for x in prompts]
+    assert all(len(x["top"]) == len(x["tokens"]) > 0 and len(x["top"][0]) == 5 for x in record["logprobs"])
+    again, _ = run_module("sglang_quality_eval", eval_args(healthy, baseline=record, seed="a"))
+    lp = again["logprob"]
+    # the simulator's run-to-run noise (0.002 per logit) stays far below the bound (0.02)
+    assert again["ok"] is True and lp["ok"] is True and lp["divergence"] < 0.005 and lp["parted"] == []
+    assert f"logprobs against the baseline: divergence {lp['divergence']} over " in again["reason"]
+    # every answer still right, the log-probabilities off: a kernel that computes 1% differently
+    perturbed = serve("kernel-perturbation=0.01")
+    out, _ = run_module("sglang_quality_eval", eval_args(perturbed, baseline=record, seed="a"))
+    assert out["failed_group"] is None and out["decision"]["all"]["verdict"] == "pass"
+    assert out["ok"] is False and out["logprob"]["ok"] is False and out["logprob"]["divergence"] > 0.05
+    assert ": FAILED (the engine computes differently from its baseline)" in out["reason"]
+
+
+def test_the_logprobs_of_another_engine_version_are_reported_not_judged(serve, run_module):
+    sim = serve("kernel-perturbation=0.01")
+    record, _ = run_module("sglang_quality_eval", eval_args(serve()))
+    baseline = {**record["baseline_record"], "engine_version": "0.5.9"}
+    out, _ = run_module("sglang_quality_eval", eval_args(sim, baseline=baseline, seed="a"))
+    assert out["ok"] is True and out["logprob"]["ok"] is False
+    assert f"not judged: the baseline's engine is 0.5.9, the canary's {out['engine_version']}" in out["reason"]
+    older = {**record["baseline_record"], "logprobs": []}
+    out, _ = run_module("sglang_quality_eval", eval_args(sim, baseline=older, seed="a"))
+    assert out["ok"] is True and "logprobs not compared: the baseline recorded none" in out["reason"]
+    off, _ = run_module("sglang_quality_eval", eval_args(sim, baseline=record["baseline_record"], logprob_top_k=0))
+    assert off["ok"] is True and off["logprob"] == {}
+
+
+def test_tokens_that_part_from_the_baseline_are_named():
+    base = [{"id": "p", "tokens": ["A", "B", "C"], "top": [[["A", -0.1]], [["B", -0.2]], [["C", -0.3]]]}]
+    same = q.compare_logprobs(base, [{**base[0]}], 0.02)
+    assert same["ok"] is True and same["divergence"] == 0 and same["compared"] == 3
+    other = [{"id": "p", "tokens": ["A", "X", "C"], "top": [[["A", -0.15]], [["X", -0.2]], [["C", -0.3]]]}]
+    parted = q.compare_logprobs(base, other, 0.02)
+    assert parted["parted"] == ["p at token 1 ('B' -> 'X')"] and parted["divergence"] == 0.05
+    assert parted["ok"] is False  # 0.05 > 0.02; and the one prompt of one parted is more than a quarter
+    missing = q.compare_logprobs(base, [{"id": "p", "error": "HTTP 500: x"}], 0.02)
+    assert missing["ok"] is False and missing["errors"] == ["p: HTTP 500: x"]
+
+
 @pytest.mark.parametrize("fault", ["wrong-answer", "nan-output"])
 def test_a_broken_engine_scores_nothing(serve, run_module, fault):
     sim = serve(fault, args=("--enable-nan-detection",))

@@ -130,3 +130,48 @@ def test_the_served_engine_degrades_the_share_and_lists_the_fault(make_sim):
         }
         got = sim.post("/v1/chat/completions", body).json()["choices"][0]["message"]["content"]
         assert right(item, got) is not quality.degraded(item["prompt"], 0.5), (item, got)
+
+
+def test_logprobs_have_sglangs_shape_differ_a_little_run_to_run_and_move_with_a_perturbed_kernel(make_sim):
+    body = {
+        "model": "glm-5",
+        "messages": [{"role": "user", "content": "Explain in two sentences why a rolling deploy drains a server."}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    sim = make_sim(
+        ["--served-model-name", "glm-5"], env={"SGLANG_SIM_FAULT_FILE": str(sim_fault_file := _fault_file())}
+    )
+    sim.wait_log("The server is fired up and ready to roll", timeout=30)
+
+    def ask():
+        choice = sim.post("/v1/chat/completions", body).json()["choices"][0]
+        return choice["message"]["content"], choice["logprobs"]["content"]
+
+    text, first = ask()
+    assert len(first) == 8 and "".join(c["token"] for c in first) == text
+    for c in first:
+        assert set(c) == {"token", "bytes", "logprob", "top_logprobs"} and c["bytes"] == list(c["token"].encode())
+        assert len(c["top_logprobs"]) == 3 and c["top_logprobs"][0]["token"] == c["token"]
+        assert [t["logprob"] for t in c["top_logprobs"]] == sorted(
+            (t["logprob"] for t in c["top_logprobs"]), reverse=True
+        )
+        assert c["logprob"] < 0
+    _, second = ask()
+    moved = [abs(a["logprob"] - b["logprob"]) for a, b in zip(first, second, strict=True)]
+    assert 0 < max(moved) < 0.02  # run-to-run noise
+    sim_fault_file.write_text("kernel-perturbation=0.01\n")
+    text_perturbed, perturbed = ask()
+    assert text_perturbed == text
+    assert sum(abs(a["logprob"] - b["logprob"]) for a, b in zip(first, perturbed, strict=True)) / 8 > 0.03
+    plain = sim.post("/v1/chat/completions", {**body, "logprobs": False}).json()["choices"][0]
+    assert plain["logprobs"] is None
+
+
+def _fault_file():
+    import tempfile
+
+    return Path(tempfile.mkdtemp()) / "faults"

@@ -32,6 +32,7 @@ KNOWN = (
     "partial-quality-multilingual=SHARE",
     "partial-quality-tool-json=SHARE",
     "non-english-corruption",
+    "kernel-perturbation=SIZE",
     "slow-step=SECONDS",
 )
 # The quality gate's item groups (roles/rollout/files/quality_eval/generate.py) a partial-quality fault can be
@@ -47,6 +48,7 @@ RUNTIME = (
     "partial-quality=SHARE",
     *(f"partial-quality-{g}=SHARE" for g in QUALITY_GROUPS),
     "non-english-corruption",
+    "kernel-perturbation=SIZE",
     "slow-step=SECONDS",
 )
 # Faults that take a number: name -> (field, what the number is, its check, the check's words)
@@ -54,6 +56,12 @@ VALUED = {
     "slow-start": ("slow_start", "a number of seconds (slow-start=SECONDS)", lambda v: v >= 0, "non-negative"),
     "partial-quality": ("partial_quality", "a share (partial-quality=SHARE)", lambda v: 0 < v <= 1, "in (0, 1]"),
     "slow-step": ("slow_step", "a number of seconds (slow-step=SECONDS)", lambda v: v >= 0, "non-negative"),
+    "kernel-perturbation": (
+        "kernel_perturbation",
+        "a relative size (kernel-perturbation=SIZE, 0.01 = 1%)",
+        lambda v: 0 < v <= 1,
+        "in (0, 1]",
+    ),
     **{
         f"partial-quality-{g}": (
             f"partial_quality_{g.replace('-', '_')}",
@@ -93,6 +101,9 @@ class Faults:
     # an FP4-kernel-like corruption: answers in non-English text get a replacement character or a letter of another
     # script, tool-call JSON a broken token; English and numbers stay right
     non_english_corruption: bool = False
+    # every logit off by about this share, the same way every run (sglang_sim.logprobs): the answers stay, the
+    # token log-probabilities move
+    kernel_perturbation: float = 0.0
     # seconds every forward step (the prefill and each decode step) takes longer: a GPU held at low clocks, a slow
     # kernel; time to first token and inter-token latency grow by as much
     slow_step: float = 0.0

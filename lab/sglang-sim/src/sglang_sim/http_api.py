@@ -522,6 +522,15 @@ class Handler(BaseHTTPRequestHandler):
             "matched_stop": self._matched(r),
         }
 
+    def _logprobs(self, body: dict, model: str, prompt: str, r: Result) -> list[dict]:
+        """``choices[].logprobs.content`` of a non-streamed chat completion with ``logprobs: true`` (lab equipment:
+        sglang_sim.logprobs makes the numbers up; the shape is SGLang's)."""
+        from .logprobs import content
+
+        top_n = self._int_or_none(body.get("top_logprobs"), "top_logprobs") or 0
+        perturbation = self.app.fault_source.current().kernel_perturbation
+        return content(str(model), prompt, r.pieces, top_n, perturbation)
+
     def _max_tokens(self, body: dict, default: int | None) -> int | None:
         value = body.get("max_completion_tokens")
         if value is None:
@@ -637,6 +646,8 @@ class Handler(BaseHTTPRequestHandler):
                 "tool_calls": None,
             }
             choices = [self._final_choice(r, message=message)]
+            if body.get("logprobs"):
+                choices[0]["logprobs"] = {"content": self._logprobs(body, model, answer_prompt, r)}
             self.send_json(200, self._openai(r.rid, "chat.completion", created, model, choices, usage=self._usage(r)))
             return
         self._start_stream()

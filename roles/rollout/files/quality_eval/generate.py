@@ -12,6 +12,9 @@ kernels that corrupt non-English text and tool-call JSON while English prose loo
 * ``tool_json`` (``json``): a tool call as one JSON object whose arguments must validate against the tool's JSON
   Schema and equal the requested ones (some in other languages).
 
+And eight fixed prompts (``logprob_prompts``) whose greedy tokens' log-probabilities a baseline records and the gate
+compares.
+
 Deterministic (a fixed seed): running it again writes the same bytes (tests/unit/rollout/test_quality_eval.py checks
 the file against it).
 
@@ -263,6 +266,24 @@ def tool_json(s: Items) -> None:
     s.fill("tool_json", PER_GROUP, call)
 
 
+# Fixed prompts whose greedy tokens' top-k log-probabilities a baseline run records and the gate compares
+# (docs/quality-gate.md, "The logprob comparison"): prose in English and in other scripts, code, a tool call, numbers.
+LOGPROB_PROMPTS = (
+    ("prose-en", "Explain in two sentences why a rolling deploy drains a server before restarting it."),
+    ("prose-de", "Erkläre in zwei Sätzen, warum ein Server vor dem Neustart aus dem Lastverteiler genommen wird."),
+    ("prose-ja", "サーバーを再起動する前に負荷分散から外す理由を二文で説明してください。"),
+    ("prose-ru", "Объясни в двух предложениях, зачем перед перезапуском сервер выводят из балансировщика."),
+    ("code-py", "Write a Python function is_prime(n) that returns True when n is a prime number."),
+    ("tool-call", 'Call the tool `get_weather` with city = "Zürich", unit = "celsius". Reply with only the JSON.'),
+    ("numbers", "List the first ten square numbers, separated by commas."),
+    ("facts-en", "Name three rivers of Europe and the seas they flow into."),
+)
+
+
+def logprob_prompts() -> list[dict]:
+    return [{"id": pid, "prompt": prompt, "max_tokens": 32} for pid, prompt in LOGPROB_PROMPTS]
+
+
 def items() -> list[dict]:
     s = Items()
     for make in (arithmetic, facts, multilingual, tool_json):
@@ -278,6 +299,7 @@ def document() -> str:
         "multilingual, tool_json), drawn at random by the gate's sequential test (roles/rollout/files/quality_eval/"
         "generate.py; docs/quality-gate.md). Written by gpufleet, no third-party data.",
         "items": items(),
+        "logprob_prompts": logprob_prompts(),
     }
     return json.dumps(data, indent=1, ensure_ascii=False) + "\n"
 
