@@ -132,7 +132,7 @@ def test_the_served_engine_degrades_the_share_and_lists_the_fault(make_sim):
         assert right(item, got) is not quality.degraded(item["prompt"], 0.5), (item, got)
 
 
-def test_logprobs_have_sglangs_shape_differ_a_little_run_to_run_and_move_with_a_perturbed_kernel(make_sim):
+def test_logprobs_have_sglangs_shape_differ_a_little_run_to_run_and_move_with_a_perturbed_kernel(make_sim, tmp_path):
     body = {
         "model": "glm-5",
         "messages": [{"role": "user", "content": "Explain in two sentences why a rolling deploy drains a server."}],
@@ -142,9 +142,8 @@ def test_logprobs_have_sglangs_shape_differ_a_little_run_to_run_and_move_with_a_
         "top_logprobs": 3,
         "chat_template_kwargs": {"enable_thinking": False},
     }
-    sim = make_sim(
-        ["--served-model-name", "glm-5"], env={"SGLANG_SIM_FAULT_FILE": str(sim_fault_file := _fault_file())}
-    )
+    sim_fault_file = tmp_path / "faults"
+    sim = make_sim(["--served-model-name", "glm-5"], env={"SGLANG_SIM_FAULT_FILE": str(sim_fault_file)})
     sim.wait_log("The server is fired up and ready to roll", timeout=30)
 
     def ask():
@@ -169,9 +168,3 @@ def test_logprobs_have_sglangs_shape_differ_a_little_run_to_run_and_move_with_a_
     assert sum(abs(a["logprob"] - b["logprob"]) for a, b in zip(first, perturbed, strict=True)) / 8 > 0.03
     plain = sim.post("/v1/chat/completions", {**body, "logprobs": False}).json()["choices"][0]
     assert plain["logprobs"] is None
-
-
-def _fault_file():
-    import tempfile
-
-    return Path(tempfile.mkdtemp()) / "faults"
