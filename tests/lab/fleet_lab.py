@@ -9,6 +9,7 @@ import contextlib
 import http.client
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -81,6 +82,9 @@ def fleet_up(
     (work / "host_vars").mkdir(exist_ok=True)
     for path in [*(work / "host_vars").glob("*.yml"), *stale]:
         path.unlink()
+    # the simulated engine's wheels of a former run (prepare.yml builds them only where the folder is missing): built
+    # again from the sources as they are now
+    shutil.rmtree(work / "eph" / "dist", ignore_errors=True)
     link = work / "group_vars"
     if not link.is_symlink():
         link.symlink_to(ROOT / "inventory/lab/group_vars")
