@@ -5,7 +5,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: sglang_quality_eval
-short_description: Judge an SGLang server on an evaluation set with exact answers by a sequential test against its baseline
+short_description: Judge an SGLang server on exact-answer items by a sequential test against its baseline
 description:
   - Asks items of I(eval_set) at temperature 0 through the server's C(/v1/chat/completions) (several at once,
     I(concurrency)), takes the answer (C(content); with a reasoning parser the thinking is C(reasoning_content) and
@@ -21,6 +21,9 @@ description:
     between them, each with miss rate I(miss), at most I(max_items) items. C(ok) is whether every test passed;
     C(reason) names the test that failed, the regressions per group, the error rates of these settings (computed
     exactly) and the worst items (prompt, expected, got, why). docs/quality-gate.md.
+  - With I(logprob_top_k), the evaluation set's fixed C(logprob_prompts) are asked with C(logprobs) at temperature 0;
+    with I(baseline) their top-k log-probabilities are compared with the baseline's (RV(logprob)); a server of the
+    baseline's engine version fails the verdict above I(logprob_max_divergence).
   - Reads C(/get_server_info); when the engine runs with C(--enable-nan-detection) (0.5.9, 0.5.10), or the unit's
     environment sets C(SGLANG_SANITIZE_NAN_LOGITS) or C(SGLANG_ENABLE_NAN_LOGITS_CHECK) (0.5.23), and I(unit) is
     set, the journal of the unit's running start is searched for SGLang's NaN lines (I(nan_patterns)); any such line
@@ -104,7 +107,7 @@ options:
     type: float
     default: 0.25
   false_rollback:
-    description: "How often a healthy server may fail the gate, at most: half to the overall test, half shared by the groups."
+    description: "How often a healthy server may fail the gate, at most: half to the overall test, half to the groups."
     type: float
     default: 0.02
   miss:
@@ -119,6 +122,20 @@ options:
     description: "Seed of the random draw (empty = the clock); the same seed draws the same items."
     type: str
     default: ""
+  logprob_top_k:
+    description:
+      - "Top log-probabilities per token asked for the evaluation set's C(logprob_prompts) (temperature 0): a baseline
+        run records them in RV(baseline_record); with I(baseline) they are compared with the baseline's. 0 = no
+        comparison."
+    type: int
+    default: 5
+  logprob_max_divergence:
+    description:
+      - "The most mean absolute difference between the log-probabilities of the tokens in both top-k lists, position by
+        position while the greedy tokens agree, for a server of the baseline's engine version (another version's is
+        reported, not judged)."
+    type: float
+    default: 0.02
   worst:
     description: "How many failed items the verdict names."
     type: int
@@ -153,7 +170,7 @@ ok:
   returned: always
   type: bool
 reason:
-  description: "The test that decided, the regressions per group, the settings' error rates, NaN lines, the worst items."
+  description: "The test that decided, the regressions per group, the error rates, NaN lines, the worst items."
   returned: always
   type: str
 score:
@@ -183,19 +200,30 @@ failed_group:
   returned: always
   type: str
 rates:
-  description: "Error rates of these settings, computed exactly: false_rollback, detection, group_detection, expected_items_healthy."
+  description:
+    - "Error rates of these settings, computed exactly: false_rollback, detection, group_detection,
+      expected_items_healthy."
   returned: always
   type: dict
 seed:
   description: "The seed of the random draw."
   returned: always
   type: str
+logprob:
+  description:
+    - "The logprob comparison: ok, divergence, max_divergence, compared, prompts, parted (prompts whose tokens parted
+      from the baseline's, with the position), errors, advisory (why it is not judged); or skipped (why not compared);
+      empty without a baseline or with I(logprob_top_k) 0."
+  returned: always
+  type: dict
 worst:
   description: "Failed items, regressions first: id, group, prompt, expected, got, why."
   returned: always
   type: list
 items:
-  description: "Every item asked: id, group, prompt, expected, match, got, ok, why, seconds (error when there was no completion)."
+  description:
+    - "Every item asked: id, group, prompt, expected, match, got, ok, why, seconds (error when there was no
+      completion)."
   returned: always
   type: list
 nan_detection:
