@@ -125,10 +125,10 @@ def replay(answers: dict, baseline: dict, settings: sprt.GateSettings, seed: str
     gate = sprt.GateRun(settings, by_group)
     used = 0
     for item in sprt.draw_order(by_group, random.Random(seed)):
-        if not gate.wanted(item["group"]):
+        if not gate.wanted(sprt.group_of(item)):
             continue
         used += 1
-        if gate.add(item["group"], not answers[item["id"]]["ok"]):
+        if gate.add(sprt.group_of(item), not answers[item["id"]]["ok"]):
             break
     return gate.verdict or gate.finish(), gate.failed_by, used
 

@@ -159,13 +159,22 @@ class GateSettings:
         return out
 
 
+# The group of an item that names none (an evaluation set of one group); "all" is the overall test's name
+UNGROUPED = "items"
+
+
+def group_of(item: dict) -> str:
+    """The item group an item's answers are tested in."""
+    return str(item.get("group") or UNGROUPED)
+
+
 def available_by_group(items: list[dict], baseline: dict) -> dict[str, list[dict]]:
     """The items the baseline answered right, by group (in evaluation-set order): the gate's population."""
     right = {str(r.get("id")) for r in (baseline or {}).get("items", []) if r.get("ok")}
     out: dict[str, list[dict]] = {}
     for item in items:
         if str(item.get("id")) in right:
-            out.setdefault(str(item.get("group") or "all"), []).append(item)
+            out.setdefault(group_of(item), []).append(item)
     return out
 
 

@@ -25,6 +25,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.quality_sprt import
     GateSettings,
     available_by_group,
     draw_order,
+    group_of,
     too_few,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.sglang_server_command import run
@@ -680,7 +681,7 @@ def ask_in_turn(ask, order: list[dict], gate: GateRun, concurrency: int) -> list
             while gate.verdict is None and len(submitted) < concurrency and nxt < len(order):
                 item = order[nxt]
                 nxt += 1
-                if gate.wanted(str(item.get("group") or "all")):
+                if gate.wanted(group_of(item)):
                     submitted.append((item, pool.submit(ask, item)))
             if not submitted:
                 break
@@ -689,7 +690,7 @@ def ask_in_turn(ask, order: list[dict], gate: GateRun, concurrency: int) -> list
                 item, future = submitted.pop(0)
                 result = future.result()
                 if gate.verdict is None:
-                    gate.add(str(item.get("group") or "all"), not result.get("ok"))
+                    gate.add(group_of(item), not result.get("ok"))
                     fed.append(result)
                 else:
                     late.append({**result, "counted": False})

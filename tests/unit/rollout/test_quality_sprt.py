@@ -106,3 +106,14 @@ def test_settings_out_of_range_are_named():
         "noise (a healthy canary's regression rate) must be in (0, 1), got 0",
         "false_rollback must be in (0, 0.5), got 0.6",
     ]
+
+
+def test_an_evaluation_set_without_groups_is_one_group_beside_the_overall_test():
+    items = [{"id": str(n)} for n in range(100)]
+    by_group = s.available_by_group(items, {"items": [{"id": str(n), "ok": True} for n in range(100)]})
+    assert list(by_group) == ["items"] and len(by_group["items"]) == 100
+    run = s.GateRun(s.GateSettings(), by_group)
+    assert set(run.tests) == {"all", "items"} and run.tests["all"].p1 == pytest.approx(0.06)
+    for n in range(61):
+        assert run.add(s.group_of(items[n]), False) is None
+    assert run.add("items", False) == "pass" and run.summary()["all"]["items"] == 62
