@@ -61,9 +61,9 @@ FAULTS = (
 def share_for(target: float, items: list[dict]) -> float:
     """The partial-quality SHARE that spoils exactly round(target * len(items)) of ``items``: the simulator spoils an
     item when its prompt's hash fraction is below SHARE (sglang_sim.quality.degraded)."""
-    import hashlib
+    from sglang_sim.quality import hash_fraction
 
-    fractions = sorted(int(hashlib.sha256(i["prompt"].encode()).hexdigest()[:8], 16) / 2**32 for i in items)
+    fractions = sorted(hash_fraction(i["prompt"]) for i in items)
     k = round(target * len(items))
     return (fractions[k - 1] + fractions[k]) / 2 if 0 < k < len(items) else float(k > 0)
 
@@ -84,7 +84,7 @@ def computed(settings: sprt.GateSettings) -> dict:
     def table(test):
         return {str(r): {k: round(v, 4) for k, v in test.operating(r).items() if k != "pass"} for r in rates}
 
-    bound = overall.operating(settings.noise)["fail"] + 4 * group.operating(settings.noise)["fail"]
+    bound = q.error_rates(settings, [group] * 4)["false_rollback"]
     return {
         "overall_test": {"healthy_rate": overall.p0, "degraded_rate": round(overall.p1, 4), "alpha": overall.alpha,
                          "beta": overall.beta, "max_items": overall.max_n, "fewest_to_pass": overall.fewest_to_pass(),
@@ -92,7 +92,7 @@ def computed(settings: sprt.GateSettings) -> dict:
         "group_test": {"healthy_rate": group.p0, "degraded_rate": round(group.p1, 4), "alpha": group.alpha,
                        "beta": group.beta, "max_items": group.max_n, "fewest_to_pass": group.fewest_to_pass(),
                        "fewest_to_fail": group.fewest_to_fail(), "fail_probability": table(group)},
-        "false_rollback_bound_at_noise": round(bound, 4),
+        "false_rollback_bound_at_noise": bound,
     }  # fmt: skip
 
 
@@ -120,17 +120,12 @@ def answers_of(p: dict) -> dict:
 
 
 def replay(answers: dict, baseline: dict, settings: sprt.GateSettings, seed: str) -> tuple[str, str | None, int]:
-    """The gate's decision on these answers with ``seed``: (verdict, failed test, items the decision used)."""
+    """The gate's decision on these answers with ``seed`` (the module's own draw and feeding, one item at a time):
+    (verdict, failed test, items the decision used)."""
     by_group = sprt.available_by_group(EVAL_SET["items"], baseline)
     gate = sprt.GateRun(settings, by_group)
-    used = 0
-    for item in sprt.draw_order(by_group, random.Random(seed)):
-        if not gate.wanted(sprt.group_of(item)):
-            continue
-        used += 1
-        if gate.add(sprt.group_of(item), not answers[item["id"]]["ok"]):
-            break
-    return gate.verdict or gate.finish(), gate.failed_by, used
+    used = q.ask_in_turn(lambda item: answers[item["id"]], sprt.draw_order(by_group, random.Random(seed)), gate, 1)
+    return gate.verdict or gate.finish(), gate.failed_by, len(used)
 
 
 def logprob_calibration(tmp: Path, runs: int) -> dict:

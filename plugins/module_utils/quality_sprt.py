@@ -35,16 +35,6 @@ class Sprt:
     beta: float
     max_n: int
 
-    def problems(self) -> list[str]:
-        out = []
-        if not 0 < self.p0 < self.p1 < 1:
-            out.append(f"the rates must satisfy 0 < healthy {self.p0:g} < degraded {self.p1:g} < 1")
-        if not 0 < self.alpha < 0.5 or not 0 < self.beta < 0.5:
-            out.append(f"the error rates must be in (0, 0.5) (alpha {self.alpha:g}, beta {self.beta:g})")
-        if self.max_n < 1:
-            out.append(f"the most items must be at least 1 (got {self.max_n})")
-        return out
-
     @property
     def upper(self) -> float:
         return math.log((1 - self.beta) / self.alpha)
@@ -72,8 +62,13 @@ class Sprt:
         if value <= self.lower + 1e-12:
             return "pass"
         if n >= self.max_n:
-            return "fail" if value >= 0 else "pass"
+            return self.at_end(n, f)
         return None
+
+    def at_end(self, n: int, f: int) -> str:
+        """The verdict of a test stopped undecided (at its most items, or when the items ran out): ``fail`` when the
+        regressions are nearer p1 than p0 (L >= 0), else ``pass`` (no item asked: pass)."""
+        return "fail" if n and self.llr(n, f) >= 0 else "pass"
 
     def fewest_to_pass(self) -> int:
         """The fewest items after which the test can pass (all of them clean)."""
@@ -185,8 +180,8 @@ def too_few(settings: GateSettings, by_group: dict[str, list[dict]]) -> list[str
     need = settings.overall().fewest_to_pass()
     if total < need:
         out.append(f"the baseline answered {total} items right; the gate needs at least {need} to pass")
+    need = settings.group(len(by_group)).fewest_to_pass()
     for group, items in sorted(by_group.items()):
-        need = settings.group(len(by_group)).fewest_to_pass()
         if len(items) < need:
             out.append(f"group {group}: the baseline answered {len(items)} items right; its test needs {need}")
     return out
@@ -249,8 +244,7 @@ class GateRun:
         if self.verdict is None:
             for name, test in self.tests.items():
                 if name not in self.decided:
-                    n, f = self.counts[name]
-                    self.decided[name] = "fail" if n and test.llr(n, f) >= 0 else "pass"
+                    self.decided[name] = test.at_end(*self.counts[name])
             fails = [n for n, v in self.decided.items() if v == "fail"]
             self.verdict = "fail" if fails else "pass"
             self.failed_by = self._blame(fails) if fails else None

@@ -371,19 +371,18 @@ def settings_of(p: dict) -> GateSettings:
     )
 
 
-def error_rates(settings: GateSettings, groups: dict[str, int]) -> dict:
+def error_rates(settings: GateSettings, group_tests: list) -> dict:
     """The error rates of the gate with these settings, computed exactly for each test (quality_sprt.Sprt.operating):
     a healthy canary (regression rate ``noise``) rolled back at most the sum over the tests (``false_rollback``), a
     uniform drop of ``drop`` caught by the overall test alone with probability ``detection``, a drop of
     ``group_drop`` confined to one group caught by that group's test with probability ``group_detection`` (the
-    least over the groups)."""
+    least over ``group_tests``, each a quality_sprt.Sprt)."""
     overall = settings.overall()
-    tests = [settings.group(len(groups), n) for n in groups.values()]
     healthy = overall.operating(settings.noise)
     return {
-        "false_rollback": round(healthy["fail"] + sum(t.operating(settings.noise)["fail"] for t in tests), 4),
+        "false_rollback": round(healthy["fail"] + sum(t.operating(settings.noise)["fail"] for t in group_tests), 4),
         "detection": round(overall.operating(overall.p1)["fail"], 4),
-        "group_detection": round(min((t.operating(t.p1)["fail"] for t in tests), default=0.0), 4),
+        "group_detection": round(min((t.operating(t.p1)["fail"] for t in group_tests), default=0.0), 4),
         "expected_items_healthy": round(healthy["expected_items"], 1),
     }
 
@@ -422,7 +421,7 @@ def judge(
     decided = gate.verdict or gate.finish()
     summary = gate.summary()
     settings = gate.settings
-    rates = error_rates(settings, {g: t.max_n for g, t in gate.tests.items() if g != "all"})
+    rates = error_rates(settings, [t for g, t in gate.tests.items() if g != "all"])
     base = float(baseline.get("score", 0))
     whole = summary["all"]
     if decided == "fail":

@@ -174,12 +174,15 @@ def corrupt(text: str, prompt: str) -> str:
     return text[:i] + "\ufffd" + text[i + 1 :]
 
 
+def hash_fraction(prompt: str) -> float:
+    """The first 8 hex digits of sha256 of the prompt, as a fraction of 2^32: where the prompt stands in every
+    partial-quality share."""
+    return int(hashlib.sha256(prompt.encode("utf-8", "replace")).hexdigest()[:8], 16) / 2**32
+
+
 def degraded(prompt: str, share: float) -> bool:
     """Whether ``partial-quality=share`` makes this prompt's computed answer wrong (deterministic)."""
-    if share <= 0:
-        return False
-    digest = hashlib.sha256(prompt.encode("utf-8", "replace")).hexdigest()
-    return int(digest[:8], 16) / 2**32 < share
+    return share > 0 and hash_fraction(prompt) < share
 
 
 def _number(value: float) -> str:
