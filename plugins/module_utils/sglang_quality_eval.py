@@ -490,15 +490,8 @@ def baseline_problems(baseline, key: dict, digest: str, path: str) -> list[str]:
 def ask_logprobs(post, prompt: dict, served_name: str, top_k: int) -> dict:
     """One fixed prompt at temperature 0 with ``logprobs``: ``{id, tokens, top}`` (``top``: per output token its
     ``[[token, logprob], ...]``, the top ``top_k``), or ``{id, error}``."""
-    body = {
-        "model": served_name,
-        "messages": [{"role": "user", "content": prompt["prompt"]}],
-        "temperature": 0,
-        "max_tokens": int(prompt.get("max_tokens") or 32),
-        "logprobs": True,
-        "top_logprobs": top_k,
-        "chat_template_kwargs": {"enable_thinking": False},
-    }
+    body = greedy_chat(served_name, prompt["prompt"], int(prompt.get("max_tokens") or 32))
+    body.update(logprobs=True, top_logprobs=top_k)
     status, text, _secs = post(body)
     if status != 200:
         return {"id": prompt["id"], "error": f"HTTP {status or 'no answer'}: {text[:160]}"}
@@ -587,22 +580,27 @@ def baseline_record(measured: dict, key: dict, eval_set: dict, host: str, writte
 # ---------------------------------------------------------------- asking the server
 
 
+def greedy_chat(served_name: str, prompt: str, max_tokens: int, thinking: bool = False) -> dict:
+    """The body of one chat completion at temperature 0; without ``thinking``, GLM-4.5+/Qwen3 chat templates are
+    told to write no thinking block (a template without the switch ignores it)."""
+    body = {
+        "model": served_name,
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+    }
+    if not thinking:
+        body["chat_template_kwargs"] = {"enable_thinking": False}
+    return body
+
+
 def ask_item(post, item: dict, served_name: str, p: dict) -> dict:
     """One item through ``post(body) -> (status, text, seconds)``: ``{id, prompt, expected, match, got, ok}``
     (``error`` when there was no completion)."""
     max_tokens = int(item.get("max_tokens") or p["max_tokens"])
-    body = {
-        "model": served_name,
-        "messages": [{"role": "user", "content": item["prompt"]}],
-        "temperature": 0,
-        "max_tokens": max_tokens,
-    }
-    if p["thinking"]:
-        if p["reasoning_parser"]:
-            body["max_tokens"] = max(max_tokens, int(p["reasoning_max_tokens"]))
-    else:
-        # GLM-4.5+/Qwen3 chat templates: no thinking block (a template without the switch ignores it)
-        body["chat_template_kwargs"] = {"enable_thinking": False}
+    body = greedy_chat(served_name, item["prompt"], max_tokens, thinking=p["thinking"])
+    if p["thinking"] and p["reasoning_parser"]:
+        body["max_tokens"] = max(max_tokens, int(p["reasoning_max_tokens"]))
     out = {
         "id": item["id"],
         "group": str(item.get("group") or ""),
